@@ -1,0 +1,81 @@
+"""Due times: validation of user-given delays and due times, and their encoding as sorted-set scores.
+
+A score is ``due_ms * FIFO_SLOTS + (sequence mod FIFO_SLOTS)``: messages due in the same millisecond are
+promoted in the order they were parked. Scores must stay below 2**53 to be exact as doubles, which bounds
+due times to :data:`MAX_DUE_MS` (the year 2248).
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from datetime import datetime, timedelta, timezone
+from decimal import Decimal
+
+from .errors import InvalidDelay
+
+FIFO_SLOTS = 1024
+MAX_DUE_MS = 2**53 // FIFO_SLOTS - 1
+
+Delay = float | int | timedelta
+
+
+def delay_to_ms(delay: object) -> int:
+    """Turn a delay (seconds as a real number, or a timedelta) into whole milliseconds, rounded up.
+
+    Raises :class:`InvalidDelay` naming the problem for booleans, non-numbers, NaN, infinities, negative
+    values and delays past :data:`MAX_DUE_MS`.
+    """
+    if isinstance(delay, timedelta):
+        seconds = delay.total_seconds()
+    elif isinstance(delay, bool) or not isinstance(delay, numbers.Real | Decimal):
+        raise InvalidDelay(f"delay must be a number of seconds or a timedelta, got {type(delay).__name__}")
+    else:
+        try:
+            seconds = float(delay)
+        except (ValueError, OverflowError):
+            raise InvalidDelay(f"delay {delay!r} is not a usable number") from None
+    if math.isnan(seconds):
+        raise InvalidDelay("delay is NaN")
+    if math.isinf(seconds):
+        raise InvalidDelay("delay is infinite")
+    if seconds < 0:
+        raise InvalidDelay(f"delay must not be negative, got {seconds} s")
+    millis = math.ceil(seconds * 1000)
+    if millis > MAX_DUE_MS:
+        raise InvalidDelay(f"delay of {seconds} s is past the latest supported due time (year 2248)")
+    return millis
+
+
+def due_to_ms(due: datetime) -> int:
+    """Turn an aware datetime into epoch milliseconds, rounded up.
+
+    Naive datetimes are refused: the store cannot know which zone they mean. (The Celery adapter reads a
+    naive ``eta`` in the app's timezone, as Celery does, before it gets here.)
+    """
+    if not isinstance(due, datetime):
+        raise InvalidDelay(f"due must be a datetime, got {type(due).__name__}")
+    if due.tzinfo is None or due.tzinfo.utcoffset(due) is None:
+        raise InvalidDelay(f"due must be timezone-aware, got naive datetime {due.isoformat()}")
+    millis = math.ceil(due.timestamp() * 1000)
+    if millis > MAX_DUE_MS:
+        raise InvalidDelay(f"due time {due.isoformat()} is past the latest supported (year 2248)")
+    return max(millis, 0)
+
+
+def ms_to_datetime(millis: int) -> datetime:
+    return datetime.fromtimestamp(millis / 1000, tz=timezone.utc)
+
+
+def due_of_score(score: float) -> int:
+    return int(score) // FIFO_SLOTS
+
+
+def score_floor(due_ms: int) -> int:
+    """Lowest score of messages due at ``due_ms``."""
+    return due_ms * FIFO_SLOTS
+
+
+def score_ceiling(due_ms: int) -> int:
+    """Highest score of messages due at ``due_ms``."""
+    return due_ms * FIFO_SLOTS + FIFO_SLOTS - 1

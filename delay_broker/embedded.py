@@ -1,0 +1,112 @@
+"""A private redis-server (free port, temporary directory) for the demo, tests and benchmarks."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+from types import TracebackType
+
+import redis
+
+from .errors import ConfigurationError
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+class EmbeddedRedis:
+    """Starts ``redis-server`` on 127.0.0.1 with its data in a temporary directory; stops and removes it.
+
+    ``extra_args`` are appended to the command line (e.g. ``["--appendonly", "yes"]``). ``restart`` stops
+    the server and starts it again on the same port and directory (its data survives only with persistence).
+    """
+
+    def __init__(self, extra_args: list[str] | None = None, *, port: int | None = None) -> None:
+        executable = shutil.which("redis-server")
+        if executable is None:
+            raise ConfigurationError(
+                "redis-server is not installed: install it (Debian: apt-get install redis-server) or pass a "
+                "--redis-url of a server you run"
+            )
+        self.executable = executable
+        self.port = port or free_port()
+        self.extra_args = list(extra_args or [])
+        self.directory = Path(tempfile.mkdtemp(prefix="delay-broker-redis-"))
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def client(self, **options: object) -> redis.Redis:
+        return redis.Redis(host="127.0.0.1", port=self.port, **options)  # type: ignore[arg-type]
+
+    def start(self) -> EmbeddedRedis:
+        command = [
+            self.executable,
+            "--port", str(self.port),
+            "--bind", "127.0.0.1",
+            "--dir", str(self.directory),
+            "--save", "",
+            "--daemonize", "no",
+            "--logfile", str(self.directory / "redis.log"),
+            *self.extra_args,
+        ]  # fmt: skip
+        self.process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self._wait_ready()
+        return self
+
+    def _wait_ready(self, timeout: float = 20.0) -> None:
+        deadline = time.monotonic() + timeout
+        probe = self.client(socket_connect_timeout=0.5, socket_timeout=0.5)
+        try:
+            while True:
+                if self.process is not None and self.process.poll() is not None:
+                    log = (self.directory / "redis.log").read_text(errors="replace")[-2000:]
+                    raise RuntimeError(f"redis-server exited with {self.process.returncode}:\n{log}")
+                try:
+                    if probe.ping():
+                        return
+                except (redis.ConnectionError, redis.TimeoutError, redis.ResponseError):
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.02)
+        finally:
+            probe.close()
+
+    def stop(self, *, kill: bool = False) -> None:
+        if self.process is None:
+            return
+        if kill:
+            self.process.kill()
+        else:
+            self.process.terminate()
+        try:
+            self.process.wait(10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        self.process = None
+
+    def restart(self, *, kill: bool = False) -> None:
+        self.stop(kill=kill)
+        self.start()
+
+    def close(self) -> None:
+        self.stop()
+        shutil.rmtree(self.directory, ignore_errors=True)
+
+    def __enter__(self) -> EmbeddedRedis:
+        return self.start()
+
+    def __exit__(
+        self, kind: type[BaseException] | None, value: BaseException | None, traceback: TracebackType | None
+    ) -> None:
+        self.close()

@@ -1,0 +1,290 @@
+"""The promoter: the loop that hands due messages back to their framework's queue.
+
+It knows nothing of Dramatiq or Celery: a *deliverer* does the handing over. Any number of promoters may
+run at once, as threads or processes, on the same namespace; correctness never depends on there being one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import random
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+from .errors import DeliveryRefused, StoreUnavailable, TargetUnavailable
+from .store import ClaimedMessage, DelayStore, NackAction, new_promoter_id
+from .targets import ListTarget
+
+logger = logging.getLogger("delay_broker.promoter")
+
+BLOCKING_SLACK = 0.12
+"""Seconds before a due time at which a sleeping promoter stops blocking in Redis and sleeps locally."""
+
+
+@runtime_checkable
+class Deliverer(Protocol):
+    """Puts one claimed message into its framework's queue (at-least-once, under a lease).
+
+    Raise :class:`~delay_broker.errors.DeliveryRefused` for a message that can never be delivered (it is
+    dead-lettered), :class:`~delay_broker.errors.TargetUnavailable` when the broker is down (the batch is
+    given back and the promoter backs off), anything else for a failure worth retrying.
+    """
+
+    def deliver(self, message: ClaimedMessage) -> None: ...
+
+
+@runtime_checkable
+class DirectDeliverer(Protocol):
+    """Targets in the store's own Redis: promotion is one atomic script, exactly once, with no lease.
+
+    ``direct_routes`` is asked on every cycle, so routes may be added while the promoter runs.
+    """
+
+    def direct_routes(self) -> Mapping[str, ListTarget]: ...
+
+
+class PromoterListener(Protocol):
+    """Receives what a promoter does, for metrics. Called from the promoter's thread; must not block."""
+
+    def promoted(self, lateness_ms: Sequence[int]) -> None: ...
+
+    def dead_lettered(self, count: int) -> None: ...
+
+    def failed(self, stage: str) -> None: ...
+
+
+@dataclass
+class PromoterCounters:
+    """Totals of one promoter since it started (the store's counters are the cluster-wide view)."""
+
+    cycles: int = 0
+    promoted: int = 0
+    dead_lettered: int = 0
+    retried: int = 0
+    errors: int = 0
+    lateness_ms: list[int] = field(default_factory=list)
+    keep_lateness: bool = False
+
+    def record(self, lateness: Sequence[int]) -> None:
+        self.promoted += len(lateness)
+        if self.keep_lateness:
+            self.lateness_ms.extend(lateness)
+
+
+class Promoter:
+    """Claims due messages, delivers them and acknowledges them, until stopped.
+
+    Parameters:
+      store: the delay store to promote from.
+      deliverer: a :class:`DirectDeliverer` (exactly-once into the same Redis) or a :class:`Deliverer`.
+      batch: messages per claim (<= 1000). A full batch is followed at once by the next (backlog drain).
+      lease: seconds a claimed message stays reserved for this promoter before any other may take it.
+      max_idle: longest sleep, in seconds, between two looks at the store when nothing is due sooner.
+      keep_lateness: keep every lateness figure in :attr:`counters` (for demos and benchmarks).
+    """
+
+    def __init__(
+        self,
+        store: DelayStore,
+        deliverer: Deliverer | DirectDeliverer,
+        *,
+        batch: int = 200,
+        lease: float = 30.0,
+        max_idle: float = 5.0,
+        listener: PromoterListener | None = None,
+        keep_lateness: bool = False,
+        name: str | None = None,
+    ) -> None:
+        if not isinstance(deliverer, DirectDeliverer | Deliverer):
+            raise TypeError("deliverer must have a deliver(message) or a direct_routes() method")
+        if not 1 <= batch <= 1000 or lease <= 0 or max_idle <= 0:
+            raise ValueError("batch must be 1..1000, lease and max_idle positive")
+        self.store = store
+        self.deliverer = deliverer
+        self.batch = batch
+        self.lease = lease
+        self.max_idle = max_idle
+        self.listener = listener
+        self.id = name or new_promoter_id()
+        self.counters = PromoterCounters(keep_lateness=keep_lateness)
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._redis_down = False
+        self._failures = 0
+
+    # -- lifecycle -------------------------------------------------------------------------------------
+
+    def start(self) -> Promoter:
+        """Run in a daemon thread."""
+        if self._thread is not None:
+            raise RuntimeError("promoter already started")
+        self._thread = threading.Thread(target=self.run, name=f"delay-broker-promoter-{self.id}", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self, timeout: float | None = 10.0) -> None:
+        """Finish the batch in hand, give back what was not delivered, and return."""
+        self._stopping.set()
+        # If Redis is down the promoter is backing off, and the backoff waits on the stop event.
+        with contextlib.suppress(StoreUnavailable):
+            self.store.wake(self.id)
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout)
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def run(self) -> None:
+        """Promote until :meth:`stop` is called (blocks the calling thread)."""
+        mode = "exactly-once" if isinstance(self.deliverer, DirectDeliverer) else "at-least-once"
+        logger.info("Promoter %s started on %s (%s).", self.id, self.store.keys.pattern, mode)
+        try:
+            while not self._stopping.is_set():
+                self.step()
+        finally:
+            self.store.forget_promoter(self.id)
+            logger.info("Promoter %s stopped.", self.id)
+
+    def step(self) -> None:
+        """One cycle: promote what is due, then sleep until the next due time (or back off after a fault)."""
+        try:
+            full, wait = self._promote_once()
+            self._recovered()
+        except StoreUnavailable as error:
+            self._fault("redis", error)
+            return
+        except TargetUnavailable as error:
+            self._fault("target", error)
+            return
+        except Exception:
+            # A bug or an unexpected reply must not kill the promoter; log it and keep going.
+            logger.exception("Promoter %s: unexpected error; retrying.", self.id)
+            self._fault("internal", None)
+            return
+        self.counters.cycles += 1
+        if full or wait <= 0 or self._stopping.is_set():
+            return
+        try:
+            self._sleep(wait)
+        except StoreUnavailable as error:
+            self._fault("redis", error)
+
+    def _sleep(self, wait: float) -> None:
+        """Sleep until something is due, waking at once when an earlier message is parked.
+
+        Redis checks blocking timeouts only ``hz`` times a second (100 ms apart by default), so a BLPOP
+        alone would wake up to 100 ms late. The promoter blocks until shortly before the due time and
+        sleeps the rest locally, which is precise.
+        """
+        if wait >= self.max_idle:
+            self.store.wait_for_wake(self.max_idle, self.id)
+            return
+        wake_at = time.monotonic() + wait
+        if wait > BLOCKING_SLACK + 0.02 and self.store.wait_for_wake(wait - BLOCKING_SLACK, self.id):
+            return
+        self._stopping.wait(max(0.0, wake_at - time.monotonic()))
+
+    # -- one cycle -------------------------------------------------------------------------------------
+
+    def _promote_once(self) -> tuple[bool, float]:
+        """Returns whether the batch was full and how long (s) until something may be due."""
+        if isinstance(self.deliverer, DirectDeliverer):
+            result = self.store.promote_direct(self.deliverer.direct_routes(), self.batch, self.id)
+            self._promoted(result.lateness_ms, result.dead_lettered)
+            full = result.promoted + result.dead_lettered >= self.batch
+            return full, _seconds_until(result.next_due_ms, result.now_ms, self.max_idle)
+        claim = self.store.claim(self.batch, self.lease, self.id)
+        self._deliver(claim.messages, claim.lease_deadline_ms, claim.now_ms)
+        return len(claim.messages) >= self.batch, _seconds_until(
+            claim.next_wake_ms, claim.now_ms, self.max_idle
+        )
+
+    def _deliver(self, messages: Sequence[ClaimedMessage], deadline_ms: int, now_ms: int) -> None:
+        assert isinstance(self.deliverer, Deliverer)
+        started = time.monotonic()
+        # Stop delivering while a safe margin of the lease is left: past it another promoter may take the
+        # message again, which would be a duplicate.
+        give_up_at = started + self.lease * 0.8
+        delivered: list[str] = []
+        lateness: list[int] = []
+        failures: list[tuple[str, str, NackAction]] = []
+        outage: TargetUnavailable | None = None
+        for message in messages:
+            if outage is not None or self._stopping.is_set() or time.monotonic() > give_up_at:
+                failures.append((message.id, "released: promoter stopping or out of lease", "release"))
+                continue
+            if message.envelope is None:
+                failures.append((message.id, message.problem or "corrupt envelope", "dead"))
+                continue
+            try:
+                self.deliverer.deliver(message)
+            except DeliveryRefused as error:
+                failures.append((message.id, f"delivery refused: {error}", "dead"))
+            except TargetUnavailable as error:
+                outage = error
+                failures.append((message.id, f"target unavailable: {error}", "release"))
+            except Exception as error:
+                logger.warning("Promoter %s: delivering %s failed: %r", self.id, message.id, error)
+                failures.append((message.id, f"delivery failed: {error!r}", "retry"))
+            else:
+                delivered.append(message.id)
+                elapsed_ms = int((time.monotonic() - started) * 1000)
+                lateness.append(now_ms + elapsed_ms - message.due_ms)
+        if delivered:
+            self.store.ack(deadline_ms, delivered)
+        dead = 0
+        if failures:
+            outcomes: list[str] = self.store.nack(deadline_ms, failures)
+            dead = outcomes.count("dead")
+            self.counters.retried += outcomes.count("retried")
+            for (id, reason, _), outcome in zip(failures, outcomes, strict=True):
+                if outcome == "dead":
+                    logger.warning("Promoter %s: dead-lettered %s: %s", self.id, id, reason)
+        self._promoted(lateness, dead)
+        if outage is not None:
+            raise outage
+
+    def _promoted(self, lateness: Sequence[int], dead: int) -> None:
+        if lateness:
+            self.counters.record(lateness)
+            if self.listener:
+                self.listener.promoted(lateness)
+        if dead:
+            self.counters.dead_lettered += dead
+            if self.listener:
+                self.listener.dead_lettered(dead)
+
+    # -- faults ----------------------------------------------------------------------------------------
+
+    def _fault(self, stage: str, error: BaseException | None) -> None:
+        self.counters.errors += 1
+        self._failures += 1
+        if self.listener:
+            self.listener.failed(stage)
+        if stage == "redis" and not self._redis_down:
+            self._redis_down = True
+            logger.warning("Promoter %s: Redis unavailable (%s); backing off.", self.id, error)
+        elif stage == "target" and self._failures == 1:
+            logger.warning("Promoter %s: target broker unavailable (%s); backing off.", self.id, error)
+        # Full jitter keeps many promoters from hammering a recovering server in step.
+        ceiling = min(10.0, 0.05 * 2 ** min(self._failures, 10))
+        self._stopping.wait(random.uniform(ceiling / 2, ceiling))
+
+    def _recovered(self) -> None:
+        if self._redis_down:
+            logger.info("Promoter %s: Redis reachable again.", self.id)
+        elif self._failures:
+            logger.info("Promoter %s: promoting again after %d failed attempts.", self.id, self._failures)
+        self._redis_down = False
+        self._failures = 0
+
+
+def _seconds_until(target_ms: int | None, now_ms: int, default: float) -> float:
+    if target_ms is None:
+        return default
+    return (target_ms - now_ms) / 1000.0

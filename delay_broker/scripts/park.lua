@@ -1,0 +1,78 @@
+-- park.lua: park one or more messages (ZADD due + HSET msg), all or nothing.
+-- KEYS[1] due       ZSET id -> score
+-- KEYS[2] msg       HASH id -> envelope
+-- KEYS[3] inflight  ZSET id -> lease deadline
+-- KEYS[4] leased    HASH id -> due score while in flight
+-- KEYS[5] dead      ZSET id -> dead-lettered at
+-- KEYS[6] attempts  HASH id -> failed attempts
+-- KEYS[7] errors    HASH id -> last error
+-- KEYS[8] seq       STRING FIFO sequence
+-- KEYS[9] wake      LIST wake marker
+-- KEYS[10] stats    HASH counters
+-- ARGV[1] on_conflict: 'replace' (reschedule and replace the payload) or 'keep' (leave an existing id alone)
+-- ARGV[2] max_due_ms: latest due time accepted
+-- ARGV[3..] groups of 4: id, kind ('d' = delay in ms from Redis TIME, 'a' = absolute due ms), value, envelope
+-- Returns a flat list, two entries per message: due_ms, outcome (1 = new, 2 = replaced, 0 = kept existing;
+-- for a kept message due_ms is its current due time, or -1 when it is in flight or dead).
+
+local replace = ARGV[1] == 'replace'
+local max_due = tonumber(ARGV[2])
+local now = now_ms()
+
+-- Validate everything before writing anything: a script error does not roll back earlier writes.
+local dues = {}
+local count = 0
+for i = 3, #ARGV, 4 do
+    local value = tonumber(ARGV[i + 2])
+    local due = value
+    if ARGV[i + 1] == 'd' then
+        due = now + value
+    end
+    if due > max_due then
+        return redis.error_reply('ERR delay_broker: due time of ' .. ARGV[i] .. ' is past the latest supported')
+    end
+    count = count + 1
+    dues[count] = due
+end
+
+local seq = next_seq(KEYS[8], count)
+local head = head_due(KEYS[1])
+local earliest = false
+local result = {}
+local parked = 0
+for n = 1, count do
+    local i = 3 + (n - 1) * 4
+    local id = ARGV[i]
+    local outcome = 1
+    local existing = redis.call('ZSCORE', KEYS[1], id)
+    local held = existing or redis.call('ZSCORE', KEYS[3], id) or redis.call('ZSCORE', KEYS[5], id)
+    if held and not replace then
+        result[#result + 1] = existing and due_of(existing) or -1
+        result[#result + 1] = 0
+    else
+        if held then
+            outcome = 2
+            redis.call('ZREM', KEYS[3], id)
+            redis.call('HDEL', KEYS[4], id)
+            redis.call('ZREM', KEYS[5], id)
+            redis.call('HDEL', KEYS[6], id)
+            redis.call('HDEL', KEYS[7], id)
+        end
+        redis.call('ZADD', KEYS[1], score_for(dues[n], seq + n - 1), id)
+        redis.call('HSET', KEYS[2], id, ARGV[i + 3])
+        if not earliest or dues[n] < earliest then
+            earliest = dues[n]
+        end
+        parked = parked + 1
+        result[#result + 1] = dues[n]
+        result[#result + 1] = outcome
+    end
+end
+
+if parked > 0 then
+    redis.call('HINCRBY', KEYS[10], 'parked', parked)
+end
+if earliest and (not head or earliest < head) then
+    wake_one(KEYS[9])
+end
+return result

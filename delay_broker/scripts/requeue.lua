@@ -1,0 +1,40 @@
+-- requeue.lua: move dead-lettered messages back to the parked set, due now, with their attempts reset.
+-- KEYS[1] dead      ZSET id -> dead-lettered at
+-- KEYS[2] due       ZSET id -> score
+-- KEYS[3] msg       HASH id -> envelope
+-- KEYS[4] attempts  HASH id -> failed attempts
+-- KEYS[5] errors    HASH id -> last error
+-- KEYS[6] seq       STRING FIFO sequence
+-- KEYS[7] wake      LIST wake marker
+-- KEYS[8] stats     HASH counters
+-- ARGV[1] limit (<= 1000) when no ids follow: requeue the oldest dead letters; ARGV[2..] ids
+-- Returns {requeued, ids skipped because they have no payload to requeue...}.
+
+local ids = {}
+for i = 2, #ARGV do
+    ids[#ids + 1] = ARGV[i]
+end
+if #ids == 0 then
+    ids = redis.call('ZRANGE', KEYS[1], 0, tonumber(ARGV[1]) - 1)
+end
+local now = now_ms()
+local seq = next_seq(KEYS[6], #ids)
+local result = {0}
+for n, id in ipairs(ids) do
+    if redis.call('ZSCORE', KEYS[1], id) then
+        if redis.call('HEXISTS', KEYS[3], id) == 1 then
+            redis.call('ZREM', KEYS[1], id)
+            redis.call('ZADD', KEYS[2], score_for(now, seq + n - 1), id)
+            redis.call('HDEL', KEYS[4], id)
+            redis.call('HDEL', KEYS[5], id)
+            result[1] = result[1] + 1
+        else
+            result[#result + 1] = id
+        end
+    end
+end
+if result[1] > 0 then
+    redis.call('HINCRBY', KEYS[8], 'requeued', result[1])
+    wake_one(KEYS[7])
+end
+return result

@@ -1,0 +1,25 @@
+-- reschedule.lua: move a parked message to a new due time (a delay of 0 makes it due now).
+-- KEYS[1] due   ZSET id -> score
+-- KEYS[2] seq   STRING FIFO sequence
+-- KEYS[3] wake  LIST wake marker
+-- ARGV[1] id  ARGV[2] kind ('d' = delay ms from Redis TIME, 'a' = absolute due ms)  ARGV[3] value
+-- ARGV[4] max_due_ms
+-- Returns the new due time in ms, or -1 when the id is not parked (unknown, in flight or dead).
+
+local id = ARGV[1]
+if not redis.call('ZSCORE', KEYS[1], id) then
+    return -1
+end
+local due = tonumber(ARGV[3])
+if ARGV[2] == 'd' then
+    due = now_ms() + due
+end
+if due > tonumber(ARGV[4]) then
+    return redis.error_reply('ERR delay_broker: due time of ' .. id .. ' is past the latest supported')
+end
+local head = head_due(KEYS[1])
+redis.call('ZADD', KEYS[1], 'XX', score_for(due, next_seq(KEYS[2], 1)), id)
+if not head or due < head then
+    wake_one(KEYS[3])
+end
+return due

@@ -1,0 +1,564 @@
+"""The delay store: parked messages in Redis and the atomic operations on them.
+
+The store knows ids, due times and envelopes; it knows nothing of Dramatiq or Celery. Every operation is one
+Lua script (see ``delay_broker/scripts``), so each is atomic and costs one round trip.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+import uuid
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Literal
+
+import redis
+
+from . import scripts
+from .clock import MAX_DUE_MS, Delay, delay_to_ms, due_of_score, due_to_ms, score_ceiling, score_floor
+from .envelope import Envelope
+from .errors import (
+    CorruptEnvelope,
+    DelayBrokerError,
+    InvalidDelay,
+    InvalidMessage,
+    PayloadTooLarge,
+    StoreUnavailable,
+)
+from .keys import DEFAULT_NAMESPACE, DEFAULT_PREFIX, Keyspace
+from .targets import ListTarget
+
+MAX_BATCH = 1000
+MAX_ID_LENGTH = 512
+DEFAULT_MAX_PAYLOAD = 1024 * 1024
+
+OnConflict = Literal["replace", "keep"]
+State = Literal["due", "inflight", "dead", "gone"]
+NackAction = Literal["retry", "dead", "release"]
+
+
+@dataclass(frozen=True)
+class ParkRequest:
+    """One message to park: exactly one of ``delay`` (seconds or timedelta) and ``due`` (aware datetime)."""
+
+    id: str
+    envelope: Envelope
+    delay: Delay | None = None
+    due: datetime | None = None
+
+
+@dataclass(frozen=True)
+class ParkResult:
+    id: str
+    due_ms: int
+    """The due time now stored (for a kept duplicate: the existing one; -1 if it is in flight or dead)."""
+    outcome: Literal["new", "replaced", "kept"]
+
+
+@dataclass(frozen=True)
+class ClaimedMessage:
+    """A message leased to a promoter. ``envelope`` is None when the stored bytes are corrupt."""
+
+    id: str
+    due_ms: int
+    raw: bytes
+    envelope: Envelope | None
+    problem: str | None = None
+
+
+@dataclass(frozen=True)
+class Claim:
+    now_ms: int
+    lease_deadline_ms: int
+    next_wake_ms: int | None
+    messages: list[ClaimedMessage]
+
+
+@dataclass(frozen=True)
+class DirectPromotion:
+    now_ms: int
+    next_due_ms: int | None
+    promoted: int
+    dead_lettered: int
+    lateness_ms: list[int]
+
+
+@dataclass(frozen=True)
+class MessageInfo:
+    """What the store holds for one id."""
+
+    id: str
+    state: State
+    due_ms: int | None
+    at_ms: int | None
+    """Lease deadline (in flight) or time it was dead-lettered (dead)."""
+    raw: bytes | None
+    attempts: int
+    error: str | None
+
+    @property
+    def envelope(self) -> Envelope | None:
+        if self.raw is None:
+            return None
+        try:
+            return Envelope.decode(self.raw)
+        except CorruptEnvelope:
+            return None
+
+
+@dataclass(frozen=True)
+class StoreStats:
+    now_ms: int
+    parked: int
+    inflight: int
+    dead: int
+    overdue: int
+    next_due_ms: int | None
+    live_promoters: int
+    counters: dict[str, int]
+    histogram: list[int]
+    """Parked messages per bucket of :attr:`DelayStore.HISTOGRAM_EDGES`, plus one for later."""
+
+    @property
+    def oldest_overdue_age_ms(self) -> int:
+        if self.overdue == 0 or self.next_due_ms is None:
+            return 0
+        return max(0, self.now_ms - self.next_due_ms)
+
+
+def new_promoter_id() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+class DelayStore:
+    """Parked messages of one namespace in one Redis.
+
+    Parameters:
+      client: a redis-py client that returns bytes (``decode_responses=False``, the default).
+      namespace: separates independent stores in one Redis; every key carries it as a hash tag.
+      max_payload_bytes: larger payloads are refused at park time.
+      max_attempts: promotion attempts (failed deliveries or lost leases) before a message is dead-lettered.
+      retry_backoff: first and largest wait, in seconds, before a failed delivery is tried again.
+    """
+
+    HISTOGRAM_EDGES = (60_000, 3_600_000, 86_400_000)
+    """Stats buckets: due within a minute, an hour, a day; the last bucket counts everything later."""
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        *,
+        namespace: str = DEFAULT_NAMESPACE,
+        prefix: str = DEFAULT_PREFIX,
+        max_payload_bytes: int = DEFAULT_MAX_PAYLOAD,
+        max_attempts: int = 5,
+        retry_backoff: tuple[float, float] = (1.0, 300.0),
+    ) -> None:
+        if client.get_connection_kwargs().get("decode_responses"):
+            raise DelayBrokerError(
+                "the Redis client must return bytes: create it with decode_responses=False"
+            )
+        if max_payload_bytes <= 0 or max_attempts < 1:
+            raise ValueError("max_payload_bytes and max_attempts must be positive")
+        self.client = client
+        self.keys = Keyspace(namespace, prefix)
+        self.max_payload_bytes = max_payload_bytes
+        self.max_attempts = max_attempts
+        self.retry_backoff_ms = (delay_to_ms(retry_backoff[0]), delay_to_ms(retry_backoff[1]))
+        self._scripts = {name: client.register_script(scripts.source(name)) for name in scripts.NAMES}
+
+    @classmethod
+    def from_url(cls, url: str, **options: Any) -> DelayStore:
+        """A store on a new client for ``url`` (``redis://``, ``rediss://`` or ``unix://``)."""
+        client_options = {
+            key: options.pop(key) for key in ("socket_timeout", "socket_connect_timeout") if key in options
+        }
+        client_options.setdefault("socket_connect_timeout", 5.0)
+        client_options.setdefault("socket_timeout", 30.0)
+        client = redis.Redis.from_url(url, health_check_interval=30, socket_keepalive=True, **client_options)
+        return cls(client, **options)
+
+    def _run(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        try:
+            return self._scripts[name](keys=keys, args=args)
+        except (redis.ConnectionError, redis.TimeoutError) as error:
+            raise StoreUnavailable(f"Redis unavailable during {name}: {error}") from error
+        except redis.ResponseError as error:
+            if "delay_broker:" in str(error):
+                raise InvalidDelay(str(error).split("delay_broker:", 1)[1].strip()) from None
+            raise DelayBrokerError(f"Redis refused {name}: {error}") from error
+
+    # -- producers -------------------------------------------------------------------------------------
+
+    def park(
+        self,
+        id: str,
+        envelope: Envelope,
+        *,
+        delay: Delay | None = None,
+        due: datetime | None = None,
+        on_conflict: OnConflict = "replace",
+    ) -> ParkResult:
+        """Park one message until ``delay`` from now (Redis clock) or until ``due``.
+
+        ``on_conflict="replace"`` (debounce) gives an id that is already stored the new payload and due time;
+        ``"keep"`` (dedup) leaves the stored one alone and reports it as kept.
+        """
+        return self.park_many([ParkRequest(id, envelope, delay=delay, due=due)], on_conflict=on_conflict)[0]
+
+    def park_many(
+        self, requests: Iterable[ParkRequest], *, on_conflict: OnConflict = "replace"
+    ) -> list[ParkResult]:
+        """Park many messages: one round trip per 1000, each chunk all or nothing.
+
+        Every request is validated before anything is written.
+        """
+        if on_conflict not in ("replace", "keep"):
+            raise ValueError(f"on_conflict must be 'replace' or 'keep', got {on_conflict!r}")
+        encoded = [self._encode_request(request) for request in requests]
+        results: list[ParkResult] = []
+        for start in range(0, len(encoded), MAX_BATCH):
+            chunk = encoded[start : start + MAX_BATCH]
+            args: list[Any] = [on_conflict, MAX_DUE_MS]
+            for item in chunk:
+                args.extend(item)
+            reply = self._run("park", self._park_keys, args)
+            for n, item in enumerate(chunk):
+                due_ms, outcome = int(reply[2 * n]), int(reply[2 * n + 1])
+                results.append(ParkResult(item[0], due_ms, ("kept", "new", "replaced")[outcome]))
+        return results
+
+    @property
+    def _park_keys(self) -> list[str]:
+        k = self.keys
+        return [k.due, k.msg, k.inflight, k.leased, k.dead, k.attempts, k.errors, k.seq, k.wake, k.stats]
+
+    def _encode_request(self, request: ParkRequest) -> tuple[str, str, int, bytes]:
+        check_id(request.id)
+        if (request.delay is None) == (request.due is None):
+            raise InvalidDelay(f"give exactly one of delay and due for {request.id!r}")
+        kind, value = ("d", delay_to_ms(request.delay)) if request.delay is not None else ("a", 0)
+        if request.due is not None:
+            value = due_to_ms(request.due)
+        envelope = request.envelope
+        if not isinstance(envelope.payload, bytes):
+            raise InvalidMessage(f"payload must be bytes, got {type(envelope.payload).__name__}")
+        if len(envelope.payload) > self.max_payload_bytes:
+            raise PayloadTooLarge(
+                f"payload of {request.id!r} is {len(envelope.payload)} bytes, over the limit of "
+                f"{self.max_payload_bytes}"
+            )
+        if not envelope.parked_at_ms:
+            envelope = Envelope(
+                route=envelope.route,
+                payload=envelope.payload,
+                framework=envelope.framework,
+                name=envelope.name,
+                hash_field=envelope.hash_field,
+                parked_at_ms=int(time.time() * 1000),
+                extra=envelope.extra,
+            )
+        return request.id, kind, value, envelope.encode()
+
+    def cancel(self, id: str) -> bool:
+        """Remove a parked (or dead-lettered) message. False if it is unknown, gone or being promoted."""
+        return self.cancel_many([id]) == 1
+
+    def cancel_many(self, ids: Sequence[str]) -> int:
+        total = 0
+        k = self.keys
+        for chunk in _chunks([check_id(id) for id in ids]):
+            reply = self._run("cancel", [k.due, k.msg, k.dead, k.attempts, k.errors, k.stats], chunk)
+            total += sum(int(flag) for flag in reply)
+        return total
+
+    def reschedule(self, id: str, *, delay: Delay | None = None, due: datetime | None = None) -> int | None:
+        """Move a parked message to a new due time (``delay=0``: due now). Returns the new due time in ms,
+        or None if the id is not parked (unknown, already promoted, in flight or dead)."""
+        check_id(id)
+        if (delay is None) == (due is None):
+            raise InvalidDelay("give exactly one of delay and due")
+        kind, value = ("d", delay_to_ms(delay)) if delay is not None else ("a", due_to_ms(due))  # type: ignore[arg-type]
+        k = self.keys
+        reply = int(self._run("reschedule", [k.due, k.seq, k.wake], [id, kind, value, MAX_DUE_MS]))
+        return None if reply < 0 else reply
+
+    # -- inspection ------------------------------------------------------------------------------------
+
+    def get(self, id: str) -> MessageInfo | None:
+        check_id(id)
+        k = self.keys
+        state, due, at, raw, attempts, error = self._run(
+            "get", [k.due, k.inflight, k.dead, k.msg, k.attempts, k.errors, k.leased], [id]
+        )
+        state = state.decode()
+        if state == "gone" and not raw:
+            return None
+        return MessageInfo(
+            id=id,
+            state=state,
+            due_ms=None if int(due) < 0 else int(due),
+            at_ms=None if int(at) < 0 else int(at),
+            raw=raw or None,
+            attempts=int(attempts),
+            error=error.decode(errors="replace") if error else None,
+        )
+
+    def list_messages(
+        self,
+        state: Literal["due", "inflight", "dead"] = "due",
+        *,
+        start_ms: int | None = None,
+        end_ms: int | None = None,
+        offset: int = 0,
+        count: int = 100,
+    ) -> list[MessageInfo]:
+        """A page of messages in one state, oldest first: parked by due time, in flight by lease deadline,
+        dead by when they were dead-lettered. ``start_ms``/``end_ms`` bound that time (inclusive)."""
+        if not 0 < count <= MAX_BATCH or offset < 0:
+            raise ValueError(f"count must be 1..{MAX_BATCH} and offset >= 0")
+        k = self.keys
+        index = {"due": k.due, "inflight": k.inflight, "dead": k.dead}[state]
+        if state == "due":
+            low = "-inf" if start_ms is None else score_floor(start_ms)
+            high = "+inf" if end_ms is None else score_ceiling(end_ms)
+        else:
+            low = "-inf" if start_ms is None else start_ms
+            high = "+inf" if end_ms is None else end_ms
+        reply = self._run("list", [index, k.msg, k.attempts, k.errors], [low, high, offset, count])
+        infos = []
+        for n in range(0, len(reply), 5):
+            id, score, raw, attempts, error = reply[n : n + 5]
+            score = float(score)
+            infos.append(
+                MessageInfo(
+                    id=id.decode(),
+                    state=state,
+                    due_ms=due_of_score(score) if state == "due" else None,
+                    at_ms=None if state == "due" else int(score),
+                    raw=raw or None,
+                    attempts=int(attempts),
+                    error=error.decode(errors="replace") if error else None,
+                )
+            )
+        return infos
+
+    def iter_all(
+        self, state: Literal["due", "inflight", "dead"] = "due", page: int = 500
+    ) -> Iterator[MessageInfo]:
+        """Every message of a state, page by page (not a snapshot: changes meanwhile may be missed)."""
+        offset = 0
+        while True:
+            infos = self.list_messages(state, offset=offset, count=page)
+            yield from infos
+            if len(infos) < page:
+                return
+            offset += page
+
+    def stats(self, heartbeat_window: float = 30.0) -> StoreStats:
+        k = self.keys
+        reply = self._run(
+            "stats",
+            [k.due, k.inflight, k.dead, k.stats, k.promoters],
+            [delay_to_ms(heartbeat_window), *self.HISTOGRAM_EDGES],
+        )
+        now, parked, inflight, dead, overdue, head, live, counters, histogram = reply
+        pairs = iter(counters)
+        return StoreStats(
+            now_ms=int(now),
+            parked=int(parked),
+            inflight=int(inflight),
+            dead=int(dead),
+            overdue=int(overdue),
+            next_due_ms=None if int(head) < 0 else int(head),
+            live_promoters=int(live),
+            counters={name.decode(): int(value) for name, value in zip(pairs, pairs, strict=True)},
+            histogram=[int(count) for count in histogram],
+        )
+
+    # -- promoters -------------------------------------------------------------------------------------
+
+    def claim(self, batch: int, lease: float, promoter_id: str) -> Claim:
+        """Lease up to ``batch`` due messages for ``lease`` seconds (at-least-once promotion).
+
+        Expired leases of other promoters are given back first. Deliver each message, then :meth:`ack` it
+        (or :meth:`nack` it) with the claim's ``lease_deadline_ms`` before the lease runs out.
+        """
+        k = self.keys
+        reply = self._run(
+            "claim",
+            [k.due, k.msg, k.inflight, k.leased, k.dead, k.attempts, k.errors, k.stats, k.promoters],
+            [_batch(batch), delay_to_ms(lease), self.max_attempts, promoter_id],
+        )
+        messages = []
+        for n in range(3, len(reply), 3):
+            id, score, raw = reply[n].decode(), float(reply[n + 1]), reply[n + 2]
+            try:
+                envelope: Envelope | None = Envelope.decode(raw)
+                problem = None
+            except CorruptEnvelope as error:
+                envelope, problem = None, str(error)
+            messages.append(ClaimedMessage(id, due_of_score(score), raw, envelope, problem))
+        next_wake = int(reply[2])
+        return Claim(int(reply[0]), int(reply[1]), None if next_wake < 0 else next_wake, messages)
+
+    def ack(self, lease_deadline_ms: int, ids: Sequence[str]) -> int:
+        """Forget delivered messages whose lease (identified by its deadline) this promoter still holds."""
+        k = self.keys
+        total = 0
+        for chunk in _chunks(list(ids)):
+            total += int(
+                self._run(
+                    "ack",
+                    [k.inflight, k.msg, k.leased, k.attempts, k.errors, k.stats],
+                    [lease_deadline_ms, *chunk],
+                )
+            )
+        return total
+
+    def nack(self, lease_deadline_ms: int, failures: Sequence[tuple[str, str, NackAction]]) -> list[str]:
+        """Give back claimed messages that were not delivered: ``(id, reason, action)`` each.
+
+        ``"retry"`` tries again after an exponential backoff until ``max_attempts``, then dead-letters;
+        ``"dead"`` dead-letters at once with the reason; ``"release"`` puts the message back at its due time
+        without counting an attempt (the promoter is stopping, or the target broker is down). Returns
+        ``"retried"``, ``"dead"``, ``"released"`` or ``"not held"`` per message.
+        """
+        k = self.keys
+        outcomes: list[str] = []
+        for chunk in _chunks(list(failures)):
+            args: list[Any] = [lease_deadline_ms, self.max_attempts, *self.retry_backoff_ms]
+            for id, reason, action in chunk:
+                if action not in ("retry", "dead", "release"):
+                    raise ValueError(f"unknown nack action {action!r}")
+                args.extend((id, reason, action))
+            reply = self._run(
+                "nack",
+                [k.inflight, k.due, k.leased, k.dead, k.attempts, k.errors, k.seq, k.stats, k.wake],
+                args,
+            )
+            outcomes.extend(("not held", "retried", "dead", "released")[int(code)] for code in reply)
+        return outcomes
+
+    def promote_direct(
+        self, routes: Mapping[str, ListTarget], batch: int, promoter_id: str
+    ) -> DirectPromotion:
+        """Move due messages straight into Redis lists of this server, exactly once (``promote_list.lua``).
+
+        Messages whose route is not in ``routes`` are dead-lettered: a stored message can only reach the
+        queues the application declared.
+        """
+        if not routes:
+            raise ValueError("promote_direct needs at least one route")
+        k = self.keys
+        keys = [k.due, k.msg, k.dead, k.attempts, k.errors, k.stats, k.promoters]
+        args: list[Any] = [_batch(batch), promoter_id]
+        for name, target in routes.items():
+            keys.extend((target.list_key, target.hash_key or target.list_key))
+            args.extend((name, target.mode))
+        reply = self._run("promote_list", keys, args)
+        next_due = int(reply[1])
+        return DirectPromotion(
+            now_ms=int(reply[0]),
+            next_due_ms=None if next_due < 0 else next_due,
+            promoted=int(reply[2]),
+            dead_lettered=int(reply[3]),
+            lateness_ms=[int(value) for value in reply[4:]],
+        )
+
+    def wait_for_wake(self, timeout: float, promoter_id: str) -> bool:
+        """Block until a park moves the head earlier, :meth:`wake` is called for this promoter, or timeout.
+
+        Returns True when woken. Uses BLPOP, so a sleeping promoter costs Redis nothing.
+        """
+        timeout = max(timeout, 0.001)
+        socket_timeout = self.client.get_connection_kwargs().get("socket_timeout")
+        if socket_timeout:
+            timeout = min(timeout, max(float(socket_timeout) - 1.0, 0.001))
+        try:
+            popped = self.client.blpop([self.keys.wake_one(promoter_id), self.keys.wake], timeout=timeout)
+        except (redis.ConnectionError, redis.TimeoutError) as error:
+            raise StoreUnavailable(f"Redis unavailable while waiting: {error}") from error
+        return popped is not None
+
+    def wake(self, promoter_id: str) -> None:
+        """Wake one particular sleeping promoter (used to stop it without waiting out its sleep)."""
+        key = self.keys.wake_one(promoter_id)
+        try:
+            pipe = self.client.pipeline(transaction=True)
+            pipe.lpush(key, b"stop")
+            pipe.expire(key, 60)
+            pipe.execute()
+        except (redis.ConnectionError, redis.TimeoutError) as error:
+            raise StoreUnavailable(f"Redis unavailable: {error}") from error
+
+    def forget_promoter(self, promoter_id: str) -> None:
+        """Remove a stopped promoter's heartbeat and stop marker."""
+        try:
+            self.client.zrem(self.keys.promoters, promoter_id)
+            self.client.delete(self.keys.wake_one(promoter_id))
+        except (redis.ConnectionError, redis.TimeoutError):
+            pass  # it ages out of the heartbeat window anyway
+
+    # -- dead letters ----------------------------------------------------------------------------------
+
+    def requeue_dead(self, ids: Sequence[str] | None = None) -> int:
+        """Park dead-lettered messages again, due now, attempts reset. ``ids=None`` requeues all."""
+        k = self.keys
+        keys = [k.dead, k.due, k.msg, k.attempts, k.errors, k.seq, k.wake, k.stats]
+        if ids is None:
+            total = 0
+            while True:
+                reply = self._run("requeue", keys, [MAX_BATCH])
+                total += int(reply[0])
+                if int(reply[0]) == 0:
+                    return total
+        total = 0
+        for chunk in _chunks([check_id(id) for id in ids]):
+            total += int(self._run("requeue", keys, [MAX_BATCH, *chunk])[0])
+        return total
+
+    def purge_dead(self, ids: Sequence[str] | None = None) -> int:
+        """Delete dead-lettered messages for good. ``ids=None`` purges all."""
+        k = self.keys
+        keys = [k.dead, k.msg, k.attempts, k.errors]
+        if ids is None:
+            total = 0
+            while deleted := int(self._run("purge", keys, [MAX_BATCH])):
+                total += deleted
+            return total
+        return sum(int(self._run("purge", keys, [MAX_BATCH, *chunk])) for chunk in _chunks(list(ids)))
+
+
+def check_id(id: object) -> str:
+    if not isinstance(id, str):
+        raise InvalidMessage(f"message id must be a string, got {type(id).__name__}")
+    if not id or len(id) > MAX_ID_LENGTH:
+        raise InvalidMessage(f"message id must be 1 to {MAX_ID_LENGTH} characters, got {len(id)}")
+    return id
+
+
+def _batch(batch: int) -> int:
+    if not 1 <= batch <= MAX_BATCH:
+        raise ValueError(f"batch must be 1..{MAX_BATCH}, got {batch}")
+    return batch
+
+
+def _chunks(items: list[Any]) -> Iterator[list[Any]]:
+    for start in range(0, len(items), MAX_BATCH):
+        yield items[start : start + MAX_BATCH]
+
+
+__all__ = [
+    "Claim",
+    "ClaimedMessage",
+    "DelayStore",
+    "DirectPromotion",
+    "MessageInfo",
+    "ParkRequest",
+    "ParkResult",
+    "StoreStats",
+]

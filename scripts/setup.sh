@@ -1,0 +1,57 @@
+# Sourced by scripts/demo and scripts/test: installs what the project needs on a fresh Debian machine.
+#   system packages (apt, when missing and running as root): redis-server, plus rabbitmq-server for tests
+#   a virtualenv in .venv with the project and the extras given in EXTRAS
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+VENV="${DELAY_BROKER_VENV:-$ROOT/.venv}"
+PYTHON="${PYTHON:-python3}"
+
+apt_install() {
+    local missing=()
+    for pair in "$@"; do
+        local command="${pair%%:*}" package="${pair##*:}"
+        command -v "$command" >/dev/null 2>&1 || [ -x "/usr/sbin/$command" ] || missing+=("$package")
+    done
+    [ ${#missing[@]} -eq 0 ] && return 0
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+        echo "setup: installing ${missing[*]} with apt-get" >&2
+        apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+    else
+        echo "setup: please install ${missing[*]} (Debian/Ubuntu: sudo apt-get install ${missing[*]})," \
+             "then run this command again." >&2
+        exit 1
+    fi
+}
+
+ensure_venv() {
+    local extras="$1"
+    if ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 10))' 2>/dev/null; then
+        echo "setup: Python 3.10 or newer is needed as '$PYTHON' (set PYTHON=... to choose another)." >&2
+        exit 1
+    fi
+    if [ ! -x "$VENV/bin/python" ]; then
+        if ! "$PYTHON" -m venv "$VENV" >/dev/null 2>&1; then
+            rm -rf "$VENV"
+            if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+                apt-get update -qq
+                DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv >/dev/null
+                "$PYTHON" -m venv "$VENV"
+            else
+                echo "setup: '$PYTHON -m venv' failed: install python3-venv, then run this again." >&2
+                exit 1
+            fi
+        fi
+    fi
+    # Reinstall only when the dependencies or the requested extras change.
+    local stamp="$VENV/.delay-broker-installed"
+    local wanted
+    wanted="$(cat "$ROOT/pyproject.toml" | sha256sum | cut -c1-16)-$extras"
+    if [ "$(cat "$stamp" 2>/dev/null)" != "$wanted" ]; then
+        echo "setup: installing delay_broker[$extras] into $VENV" >&2
+        "$VENV/bin/python" -m pip install -q --upgrade pip >/dev/null
+        "$VENV/bin/python" -m pip install -q -e "$ROOT[$extras]"
+        echo "$wanted" > "$stamp"
+    fi
+}

@@ -1,0 +1,41 @@
+"""Fast tests: one private redis-server per session; every test works in a namespace of its own."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+
+import pytest
+import redis
+
+from delay_broker import DelayStore
+from delay_broker.embedded import EmbeddedRedis
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[EmbeddedRedis]:
+    with EmbeddedRedis() as server:
+        yield server
+
+
+@pytest.fixture
+def client(redis_server: EmbeddedRedis) -> Iterator[redis.Redis]:
+    connection = redis_server.client()
+    yield connection
+    connection.close()
+
+
+@pytest.fixture
+def namespace() -> str:
+    return f"test-{uuid.uuid4().hex[:12]}"
+
+
+@pytest.fixture
+def store(client: redis.Redis, namespace: str) -> DelayStore:
+    return DelayStore(client, namespace=namespace, retry_backoff=(0.05, 0.2), max_attempts=3)
+
+
+@pytest.fixture
+def ready_key(namespace: str) -> str:
+    """A target list of this test's own (consumers BRPOP it)."""
+    return f"{namespace}:jobs:ready"

@@ -1,0 +1,331 @@
+"""The store on a real redis-server: parking, cancelling, rescheduling, claiming and dead letters."""
+
+from __future__ import annotations
+
+import math
+import time
+from datetime import datetime, timedelta, timezone
+from decimal import Decimal
+from fractions import Fraction
+
+import pytest
+import redis
+
+from delay_broker import (
+    DelayBrokerError,
+    DelayStore,
+    Envelope,
+    InvalidDelay,
+    InvalidMessage,
+    ListTarget,
+    ParkRequest,
+    PayloadTooLarge,
+    StoreUnavailable,
+)
+from delay_broker.deliverers import DirectLists
+
+from .helpers import envelope
+
+READY = "ready"
+
+
+def routes(ready_key: str) -> DirectLists:
+    return DirectLists({READY: ListTarget(ready_key)})
+
+
+def promote(store: DelayStore, ready_key: str) -> int:
+    return store.promote_direct(routes(ready_key).direct_routes(), 1000, "test").promoted
+
+
+def store_keys(client: redis.Redis, store: DelayStore) -> list[bytes]:
+    return sorted(client.scan_iter(match=store.keys.pattern))
+
+
+def test_message_is_invisible_before_its_delay_and_ready_after(store, client, ready_key):
+    store.park("job-1", envelope(b"payload-1"), delay=0.3)
+    assert promote(store, ready_key) == 0
+    assert client.llen(ready_key) == 0
+    time.sleep(0.35)
+    assert promote(store, ready_key) == 1
+    assert client.rpop(ready_key) == b"payload-1"
+    assert store.get("job-1") is None
+
+
+def test_relative_delay_uses_the_redis_clock(store, client):
+    redis_now_s, micros = client.time()
+    result = store.park("job", envelope(), delay=timedelta(hours=6))
+    expected = redis_now_s * 1000 + micros // 1000 + 6 * 3600 * 1000
+    assert expected <= result.due_ms <= expected + 1000
+
+
+def test_absolute_due_time_is_taken_as_given(store):
+    due = datetime(2031, 5, 1, 12, 0, tzinfo=timezone.utc)
+    assert store.park("job", envelope(), due=due).due_ms == int(due.timestamp() * 1000)
+    info = store.get("job")
+    assert info is not None and info.state == "due" and info.due_ms == int(due.timestamp() * 1000)
+
+
+@pytest.mark.parametrize(
+    ("delay", "message"),
+    [
+        (math.nan, "NaN"),
+        (math.inf, "infinite"),
+        (-math.inf, "infinite"),
+        (-1, "negative"),
+        (-0.001, "negative"),
+        (timedelta(seconds=-5), "negative"),
+        ("60", "number of seconds"),
+        (None, "exactly one"),
+        (True, "number of seconds"),
+        ([1], "number of seconds"),
+        (1e300, "latest supported"),
+        (timedelta(days=999_999_999), "latest supported"),
+    ],
+)
+def test_invalid_delays_are_refused_and_nothing_is_written(store, client, delay, message):
+    with pytest.raises(InvalidDelay, match=message):
+        store.park("job", envelope(), delay=delay)
+    assert store_keys(client, store) == []
+
+
+def test_numeric_types_beyond_float_are_accepted(store):
+    assert store.park("a", envelope(), delay=Decimal("1.5")).outcome == "new"
+    assert store.park("b", envelope(), delay=Fraction(1, 3)).outcome == "new"
+
+
+def test_naive_datetimes_are_refused_aware_ones_in_any_zone_accepted(store, client):
+    with pytest.raises(InvalidDelay, match="timezone-aware"):
+        store.park("job", envelope(), due=datetime(2030, 1, 1))
+    assert store_keys(client, store) == []
+    plus_two = timezone(timedelta(hours=2))
+    due = datetime(2030, 1, 1, 14, 0, tzinfo=plus_two)
+    assert store.park("job", envelope(), due=due).due_ms == int(
+        datetime(2030, 1, 1, 12, tzinfo=timezone.utc).timestamp() * 1000
+    )
+
+
+@pytest.mark.parametrize(
+    ("bad_id", "message"),
+    [("", "1 to 512"), (None, "string"), (42, "string"), (b"x", "string"), ("x" * 513, "1 to 512")],
+)
+def test_invalid_ids_are_refused(store, client, bad_id, message):
+    with pytest.raises(InvalidMessage, match=message):
+        store.park(bad_id, envelope(), delay=1)
+    assert store_keys(client, store) == []
+
+
+def test_payload_over_the_limit_is_refused(client, namespace):
+    small = DelayStore(client, namespace=namespace, max_payload_bytes=100)
+    small.park("fits", envelope(b"x" * 100), delay=1)
+    with pytest.raises(PayloadTooLarge, match="101 bytes, over the limit of 100"):
+        small.park("too-big", envelope(b"x" * 101), delay=1)
+    with pytest.raises(InvalidMessage, match="bytes"):
+        small.park("text", Envelope(route=READY, payload="text"), delay=1)  # type: ignore[arg-type]
+    assert small.get("too-big") is None and small.get("fits") is not None
+
+
+def test_park_many_is_validated_as_a_whole_before_writing(store, client):
+    requests = [ParkRequest(f"job-{n}", envelope(), delay=1) for n in range(5)]
+    requests.append(ParkRequest("bad", envelope(), delay=math.nan))
+    with pytest.raises(InvalidDelay):
+        store.park_many(requests)
+    assert store_keys(client, store) == []
+
+
+def test_park_many_parks_thousands_in_chunks(store):
+    results = store.park_many(ParkRequest(f"job-{n}", envelope(), delay=60) for n in range(2500))
+    assert len(results) == 2500 and {r.outcome for r in results} == {"new"}
+    assert store.stats().parked == 2500
+
+
+def test_fifo_within_one_millisecond(store, client, ready_key):
+    due = datetime.now(timezone.utc) - timedelta(seconds=1)
+    ids = [f"job-{n:04d}" for n in range(300)]
+    store.park_many([ParkRequest(id, envelope(id.encode()), due=due) for id in reversed(ids)])
+    promote(store, ready_key)
+    popped = [client.rpop(ready_key).decode() for _ in ids]
+    assert popped == list(reversed(ids))
+
+
+def test_keep_mode_deduplicates(store):
+    first = store.park("job", envelope(b"first"), delay=60)
+    again = store.park("job", envelope(b"second"), delay=3600, on_conflict="keep")
+    assert again.outcome == "kept" and again.due_ms == first.due_ms
+    assert store.get("job").envelope.payload == b"first"
+
+
+def test_replace_mode_debounces(store):
+    store.park("job", envelope(b"first"), delay=60)
+    later = store.park("job", envelope(b"second"), delay=3600)
+    assert later.outcome == "replaced"
+    info = store.get("job")
+    assert info.due_ms == later.due_ms and info.envelope.payload == b"second"
+    assert store.stats().parked == 1
+
+
+def test_cancel(store, client, ready_key):
+    store.park("job", envelope(), delay=0)
+    assert store.cancel("job") is True
+    assert store.cancel("job") is False
+    assert store.cancel("never-parked") is False
+    assert promote(store, ready_key) == 0
+    assert client.exists(store.keys.due, store.keys.msg, store.keys.dead) == 0
+    assert store.stats().counters["cancelled"] == 1
+
+
+def test_reschedule_later_and_to_now(store, client, ready_key):
+    store.park("job", envelope(b"p"), delay=timedelta(days=30))
+    assert promote(store, ready_key) == 0
+    later = store.reschedule("job", delay=timedelta(days=60))
+    assert later is not None and later > store.get("job").due_ms - 1
+    now = store.reschedule("job", delay=0)
+    assert now is not None
+    assert promote(store, ready_key) == 1
+    assert client.rpop(ready_key) == b"p"
+    assert store.reschedule("job", delay=0) is None
+
+
+def test_reschedule_to_an_absolute_time(store):
+    store.park("job", envelope(), delay=60)
+    due = datetime(2040, 1, 1, tzinfo=timezone.utc)
+    assert store.reschedule("job", due=due) == int(due.timestamp() * 1000)
+    with pytest.raises(InvalidDelay):
+        store.reschedule("job", delay=-1)
+
+
+def test_list_and_stats(store):
+    now_ms = int(time.time() * 1000)
+    store.park("overdue", envelope(name="tasks.late"), due=datetime.now(timezone.utc) - timedelta(seconds=5))
+    store.park("soon", envelope(), delay=30)
+    store.park("hour", envelope(), delay=1800)
+    store.park("month", envelope(), delay=timedelta(days=30))
+    page = store.list_messages("due")
+    assert [info.id for info in page] == ["overdue", "soon", "hour", "month"]
+    assert page[0].envelope.name == "tasks.late"
+    assert [i.id for i in store.list_messages("due", offset=1, count=2)] == ["soon", "hour"]
+    assert [i.id for i in store.list_messages("due", start_ms=now_ms, end_ms=now_ms + 3_600_000)] == [
+        "soon",
+        "hour",
+    ]
+    stats = store.stats()
+    assert (stats.parked, stats.inflight, stats.dead, stats.overdue) == (4, 0, 0, 1)
+    assert 4000 <= stats.oldest_overdue_age_ms <= 15000
+    assert stats.histogram == [1, 1, 0, 1], "overdue messages are counted apart from the histogram"
+    assert stats.counters["parked"] == 4
+
+
+def test_claim_ack_and_lease_ownership(store):
+    store.park_many([ParkRequest(f"job-{n}", envelope(), delay=0) for n in range(3)])
+    claim = store.claim(10, lease=30, promoter_id="p1")
+    assert [m.id for m in claim.messages] == ["job-0", "job-1", "job-2"]
+    assert store.stats().inflight == 3
+    assert store.get("job-0").state == "inflight"
+    assert store.ack(claim.lease_deadline_ms + 1, ["job-0"]) == 0, "a stale lease token must not ack"
+    assert store.ack(claim.lease_deadline_ms, ["job-0", "job-1", "job-2"]) == 3
+    stats = store.stats()
+    assert (stats.parked, stats.inflight) == (0, 0) and stats.counters["promoted"] == 3
+
+
+def test_expired_lease_goes_back_and_old_holder_cannot_ack(store):
+    store.park("job", envelope(), delay=0)
+    first = store.claim(10, lease=0.05, promoter_id="p1")
+    assert len(first.messages) == 1
+    time.sleep(0.1)
+    second = store.claim(10, lease=30, promoter_id="p2")
+    assert [m.id for m in second.messages] == ["job"]
+    assert second.messages[0].due_ms == first.messages[0].due_ms, "a recovered message keeps its due time"
+    assert store.ack(first.lease_deadline_ms, ["job"]) == 0
+    assert store.ack(second.lease_deadline_ms, ["job"]) == 1
+
+
+def test_nack_backoff_dead_letter_and_requeue(store, client, ready_key):
+    store.park("job", envelope(b"p"), delay=0)
+    for attempt in range(1, 3):
+        claim = store.claim(10, lease=30, promoter_id="p")
+        assert [m.id for m in claim.messages] == ["job"], f"attempt {attempt}"
+        assert store.nack(claim.lease_deadline_ms, [("job", "broker said no", "retry")]) == ["retried"]
+        info = store.get("job")
+        assert info.state == "due" and info.attempts == attempt and info.error == "broker said no"
+        assert store.claim(10, lease=30, promoter_id="p").messages == [], "retried only after a backoff"
+        time.sleep(0.05 * 2 ** (attempt - 1) + 0.02)
+    claim = store.claim(10, lease=30, promoter_id="p")
+    assert store.nack(claim.lease_deadline_ms, [("job", "broker said no", "retry")]) == ["dead"]
+    info = store.get("job")
+    assert info.state == "dead" and "after 3 attempts" in info.error and info.envelope.payload == b"p"
+    assert [i.id for i in store.list_messages("dead")] == ["job"]
+    assert store.stats().dead == 1
+    assert store.requeue_dead(["job"]) == 1
+    info = store.get("job")
+    assert info.state == "due" and info.attempts == 0 and info.error is None
+    assert promote(store, ready_key) == 1 and client.rpop(ready_key) == b"p"
+
+
+def test_release_gives_back_without_counting_an_attempt(store):
+    store.park("job", envelope(), delay=0)
+    claim = store.claim(10, lease=30, promoter_id="p")
+    assert store.nack(claim.lease_deadline_ms, [("job", "stopping", "release")]) == ["released"]
+    info = store.get("job")
+    assert info.state == "due" and info.attempts == 0 and info.due_ms == claim.messages[0].due_ms
+
+
+def test_purge_dead(store):
+    store.park_many([ParkRequest(f"job-{n}", envelope(), delay=0) for n in range(3)])
+    claim = store.claim(10, lease=30, promoter_id="p")
+    store.nack(claim.lease_deadline_ms, [(m.id, "bad", "dead") for m in claim.messages])
+    assert store.purge_dead(["job-0"]) == 1
+    assert store.purge_dead() == 2
+    assert store.stats().dead == 0 and store.get("job-1") is None
+
+
+def test_requeue_all_dead(store):
+    store.park_many([ParkRequest(f"job-{n}", envelope(), delay=0) for n in range(5)])
+    claim = store.claim(10, lease=30, promoter_id="p")
+    store.nack(claim.lease_deadline_ms, [(m.id, "bad", "dead") for m in claim.messages])
+    assert store.requeue_dead() == 5
+    assert store.stats().parked == 5
+
+
+def test_missing_payload_and_corrupt_envelopes_are_dead_lettered(store, client, ready_key):
+    store.park("good-1", envelope(b"1"), delay=0)
+    store.park("good-2", envelope(b"2"), delay=0)
+    score = client.zscore(store.keys.due, "good-1")
+    client.zadd(
+        store.keys.due, {"no-payload": score, "not-json": score, "no-header": score, "bad-route": score}
+    )
+    client.hset(store.keys.msg, "not-json", b"{oops\npayload")
+    client.hset(store.keys.msg, "no-header", b"just bytes")
+    client.hset(store.keys.msg, "bad-route", envelope(route="somewhere-else").encode())
+    result = store.promote_direct(routes(ready_key).direct_routes(), 100, "p")
+    assert (result.promoted, result.dead_lettered) == (2, 4)
+    assert sorted(client.lrange(ready_key, 0, -1)) == [b"1", b"2"]
+    reasons = {info.id: info.error for info in store.list_messages("dead")}
+    assert "missing payload" in reasons["no-payload"]
+    assert "not a JSON object" in reasons["not-json"]
+    assert "no header line" in reasons["no-header"]
+    assert "unknown route" in reasons["bad-route"]
+    assert store.get("not-json").raw == b"{oops\npayload", "a corrupt envelope is kept for inspection"
+
+
+def test_keys_of_the_wrong_type_give_a_clear_error(store, client):
+    client.set(store.keys.due, "not a sorted set")
+    with pytest.raises(DelayBrokerError, match="WRONGTYPE"):
+        store.park("job", envelope(), delay=1)
+
+
+def test_redis_down_at_park_time_raises_store_unavailable(redis_server, namespace):
+    dead_client = redis.Redis(port=1, socket_connect_timeout=0.2)
+    with pytest.raises(StoreUnavailable, match="Redis unavailable"):
+        DelayStore(dead_client, namespace=namespace).park("job", envelope(), delay=1)
+
+
+def test_clients_that_decode_responses_are_refused(redis_server):
+    with pytest.raises(DelayBrokerError, match="decode_responses"):
+        DelayStore(redis_server.client(decode_responses=True))
+
+
+def test_all_keys_share_one_hash_tag(store, client):
+    store.park("job", envelope(), delay=0)
+    claim = store.claim(1, lease=30, promoter_id="p")
+    store.nack(claim.lease_deadline_ms, [("job", "x", "dead")])
+    keys = store_keys(client, store)
+    assert keys and all(f"{{{store.keys.namespace}}}".encode() in key for key in keys)
