@@ -126,6 +126,10 @@ class Promoter:
         self._thread.start()
         return self
 
+    def request_stop(self) -> None:
+        """Ask the loop to stop after the batch in hand (safe from a signal handler)."""
+        self._stopping.set()
+
     def stop(self, timeout: float | None = 10.0) -> None:
         """Finish the batch in hand, give back what was not delivered, and return."""
         self._stopping.set()
@@ -200,9 +204,7 @@ class Promoter:
             return full, _seconds_until(result.next_due_ms, result.now_ms, self.max_idle)
         claim = self.store.claim(self.batch, self.lease, self.id)
         self._deliver(claim.messages, claim.lease_deadline_ms, claim.now_ms)
-        return len(claim.messages) >= self.batch, _seconds_until(
-            claim.next_wake_ms, claim.now_ms, self.max_idle
-        )
+        return len(claim.messages) >= self.batch, _seconds_until(claim.next_wake_ms, claim.now_ms, self.max_idle)
 
     def _deliver(self, messages: Sequence[ClaimedMessage], deadline_ms: int, now_ms: int) -> None:
         assert isinstance(self.deliverer, Deliverer)

@@ -158,9 +158,7 @@ class DelayStore:
         retry_backoff: tuple[float, float] = (1.0, 300.0),
     ) -> None:
         if client.get_connection_kwargs().get("decode_responses"):
-            raise DelayBrokerError(
-                "the Redis client must return bytes: create it with decode_responses=False"
-            )
+            raise DelayBrokerError("the Redis client must return bytes: create it with decode_responses=False")
         if max_payload_bytes <= 0 or max_attempts < 1:
             raise ValueError("max_payload_bytes and max_attempts must be positive")
         self.client = client
@@ -209,9 +207,7 @@ class DelayStore:
         """
         return self.park_many([ParkRequest(id, envelope, delay=delay, due=due)], on_conflict=on_conflict)[0]
 
-    def park_many(
-        self, requests: Iterable[ParkRequest], *, on_conflict: OnConflict = "replace"
-    ) -> list[ParkResult]:
+    def park_many(self, requests: Iterable[ParkRequest], *, on_conflict: OnConflict = "replace") -> list[ParkResult]:
         """Park many messages: one round trip per 1000, each chunk all or nothing.
 
         Every request is validated before anything is written.
@@ -346,9 +342,7 @@ class DelayStore:
             )
         return infos
 
-    def iter_all(
-        self, state: Literal["due", "inflight", "dead"] = "due", page: int = 500
-    ) -> Iterator[MessageInfo]:
+    def iter_all(self, state: Literal["due", "inflight", "dead"] = "due", page: int = 500) -> Iterator[MessageInfo]:
         """Every message of a state, page by page (not a snapshot: changes meanwhile may be missed)."""
         offset = 0
         while True:
@@ -443,9 +437,7 @@ class DelayStore:
             outcomes.extend(("not held", "retried", "dead", "released")[int(code)] for code in reply)
         return outcomes
 
-    def promote_direct(
-        self, routes: Mapping[str, ListTarget], batch: int, promoter_id: str
-    ) -> DirectPromotion:
+    def promote_direct(self, routes: Mapping[str, ListTarget], batch: int, promoter_id: str) -> DirectPromotion:
         """Move due messages straight into Redis lists of this server, exactly once (``promote_list.lua``).
 
         Messages whose route is not in ``routes`` are dead-lettered: a stored message can only reach the

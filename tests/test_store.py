@@ -289,9 +289,7 @@ def test_missing_payload_and_corrupt_envelopes_are_dead_lettered(store, client, 
     store.park("good-1", envelope(b"1"), delay=0)
     store.park("good-2", envelope(b"2"), delay=0)
     score = client.zscore(store.keys.due, "good-1")
-    client.zadd(
-        store.keys.due, {"no-payload": score, "not-json": score, "no-header": score, "bad-route": score}
-    )
+    client.zadd(store.keys.due, {"no-payload": score, "not-json": score, "no-header": score, "bad-route": score})
     client.hset(store.keys.msg, "not-json", b"{oops\npayload")
     client.hset(store.keys.msg, "no-header", b"just bytes")
     client.hset(store.keys.msg, "bad-route", envelope(route="somewhere-else").encode())

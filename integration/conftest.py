@@ -1,0 +1,49 @@
+"""Integration tests: real redis-server, rabbitmq-server and moto SQS server, started privately per session.
+
+Every server is ours (free port, temporary directory) and is stopped at the end of the session. Tests use
+namespaces and queue names of their own, so they never touch data they did not create.
+"""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from delay_broker.embedded import EmbeddedRedis
+
+from .servers import AWS_TEST_ENV, MotoServer, RabbitNode
+
+
+@pytest.fixture(scope="session")
+def redis_server() -> Iterator[EmbeddedRedis]:
+    with EmbeddedRedis() as server:
+        yield server
+
+
+@pytest.fixture(scope="session")
+def rabbitmq() -> Iterator[RabbitNode]:
+    node = RabbitNode()
+    try:
+        yield node.start()
+    finally:
+        node.close()
+
+
+@pytest.fixture(scope="session")
+def sqs() -> Iterator[MotoServer]:
+    for name, value in AWS_TEST_ENV.items():
+        os.environ.setdefault(name, value)
+    server = MotoServer()
+    try:
+        yield server.start()
+    finally:
+        server.close()
+
+
+@pytest.fixture
+def unique() -> str:
+    """A fresh suffix for namespaces and queue names."""
+    return uuid.uuid4().hex[:10]

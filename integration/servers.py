@@ -1,0 +1,212 @@
+"""Private servers for the integration tests: a RabbitMQ node and a moto SQS emulator.
+
+Each gets free ports and a temporary directory of its own; nothing here touches the system's RabbitMQ
+(port 5672, /var/lib/rabbitmq) or the default epmd port. A private epmd is started next to each node so it
+can be stopped with it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+import uuid
+from pathlib import Path
+
+from delay_broker.embedded import free_port
+
+# The real scripts: /usr/sbin/rabbitmq-server is a wrapper that switches to the rabbitmq user.
+RABBIT_BIN = Path("/usr/lib/rabbitmq/bin")
+
+AWS_TEST_ENV = {
+    "AWS_ACCESS_KEY_ID": "testing",
+    "AWS_SECRET_ACCESS_KEY": "testing",
+    "AWS_SECURITY_TOKEN": "testing",
+    "AWS_SESSION_TOKEN": "testing",
+    "AWS_DEFAULT_REGION": "us-east-1",
+}
+
+
+def port_open(port: int, timeout: float = 0.5) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def _kill_group(process: subprocess.Popen[bytes], sig: int = signal.SIGTERM) -> None:
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, sig)
+
+
+class RabbitNode:
+    """A private rabbitmq-server node. ``stop``/``start`` keep its data and port (for outage tests)."""
+
+    def __init__(self, extra_conf: str = "") -> None:
+        self.directory = Path(tempfile.mkdtemp(prefix="delay-broker-rabbit-"))
+        home = self.directory / "home"
+        for name in ("home", "mnesia", "log"):
+            (self.directory / name).mkdir()
+        cookie = home / ".erlang.cookie"
+        cookie.write_text(uuid.uuid4().hex.upper())
+        cookie.chmod(0o400)
+        (self.directory / "enabled_plugins").write_text("[].\n")
+        (self.directory / "rabbitmq-env.conf").write_text("")
+        self.port, self.dist_port, self.epmd_port = free_port(), free_port(), free_port()
+        (self.directory / "rabbitmq.conf").write_text(
+            f"listeners.tcp.default = 127.0.0.1:{self.port}\nlog.console = false\n{extra_conf}\n"
+        )
+        self.nodename = f"dbtest{uuid.uuid4().hex[:8]}@localhost"
+        d = self.directory
+        self.env = {
+            "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+            "HOME": str(home),
+            "LANG": "C.UTF-8",
+            "LC_ALL": "C.UTF-8",
+            "RABBITMQ_CONF_ENV_FILE": str(d / "rabbitmq-env.conf"),
+            "RABBITMQ_NODENAME": self.nodename,
+            "RABBITMQ_NODE_IP_ADDRESS": "127.0.0.1",
+            "RABBITMQ_NODE_PORT": str(self.port),
+            "RABBITMQ_DIST_PORT": str(self.dist_port),
+            "ERL_EPMD_PORT": str(self.epmd_port),
+            "ERL_EPMD_ADDRESS": "127.0.0.1",
+            "RABBITMQ_MNESIA_BASE": str(d / "mnesia"),
+            "RABBITMQ_LOG_BASE": str(d / "log"),
+            "RABBITMQ_CONFIG_FILE": str(d / "rabbitmq.conf"),
+            "RABBITMQ_ADVANCED_CONFIG_FILE": str(d / "advanced.config"),
+            "RABBITMQ_ENABLED_PLUGINS_FILE": str(d / "enabled_plugins"),
+            "RABBITMQ_PLUGINS_EXPAND_DIR": str(d / "plugins-expand"),
+            "RABBITMQ_PID_FILE": str(d / "rabbit.pid"),
+            "RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS": "-kernel inet_dist_use_interface {127,0,0,1}",
+        }
+        self.process: subprocess.Popen[bytes] | None = None
+        self.epmd: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"amqp://guest:guest@127.0.0.1:{self.port}//"
+
+    def start(self, timeout: float = 90.0) -> RabbitNode:
+        if self.process is not None and self.process.poll() is None:
+            return self
+        if self.epmd is None or self.epmd.poll() is not None:
+            self.epmd = subprocess.Popen(
+                ["epmd", "-port", str(self.epmd_port), "-address", "127.0.0.1"],
+                env=self.env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+            _wait(lambda: port_open(self.epmd_port), 10, "private epmd")
+        with open(self.directory / "console.log", "ab") as log:
+            self.process = subprocess.Popen(
+                [str(RABBIT_BIN / "rabbitmq-server")],
+                env=self.env,
+                cwd=self.directory,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        _wait(self._accepts_logins, timeout, f"rabbitmq-server (see {self.directory}/log)")
+        return self
+
+    def _accepts_logins(self) -> bool:
+        assert self.process is not None
+        if self.process.poll() is not None:
+            raise RuntimeError(f"rabbitmq-server exited with {self.process.returncode}; see {self.directory}/log")
+        if not port_open(self.port):
+            return False
+        import amqp
+
+        try:
+            connection = amqp.Connection(f"127.0.0.1:{self.port}", userid="guest", password="guest", connect_timeout=2)
+            connection.connect()
+            connection.close()
+            return True
+        except Exception:
+            return False
+
+    def stop(self, timeout: float = 60.0) -> None:
+        """Stop the node gracefully; its data directory and port are kept for :meth:`start`."""
+        if self.process is None:
+            return
+        _kill_group(self.process)
+        try:
+            self.process.wait(timeout)
+        except subprocess.TimeoutExpired:
+            _kill_group(self.process, signal.SIGKILL)
+            self.process.wait(10)
+        _kill_group(self.process, signal.SIGKILL)
+        self.process = None
+
+    def close(self) -> None:
+        try:
+            self.stop()
+        finally:
+            if self.epmd is not None:
+                self.epmd.kill()
+                self.epmd.wait(10)
+            shutil.rmtree(self.directory, ignore_errors=True)
+
+
+class MotoServer:
+    """moto in server mode: an SQS-compatible HTTP endpoint on a free port."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.log = Path(tempfile.mkstemp(prefix="delay-broker-moto-", suffix=".log")[1])
+        self.process: subprocess.Popen[bytes] | None = None
+
+    @property
+    def endpoint_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self, timeout: float = 60.0) -> MotoServer:
+        with open(self.log, "ab") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
+                env={**os.environ, **AWS_TEST_ENV},
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+        _wait(self._ready, timeout, f"moto server (see {self.log})")
+        return self
+
+    def _ready(self) -> bool:
+        assert self.process is not None
+        if self.process.poll() is not None:
+            raise RuntimeError(f"moto server exited with {self.process.returncode}; see {self.log}")
+        try:
+            urllib.request.urlopen(f"{self.endpoint_url}/moto-api/", timeout=1).read()
+            return True
+        except OSError:
+            return False
+
+    def close(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            _kill_group(self.process)
+            try:
+                self.process.wait(10)
+            except subprocess.TimeoutExpired:
+                _kill_group(self.process, signal.SIGKILL)
+        self.log.unlink(missing_ok=True)
+
+
+def _wait(ready: object, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not ready():  # type: ignore[operator]
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what} was not ready within {timeout:.0f} s")
+        time.sleep(0.2)
