@@ -1,0 +1,60 @@
+"""A promoter in a process of its own, for the multi-process and kill -9 tests.
+
+    python -m tests.promoter_process REDIS_URL NAMESPACE TARGET_LIST [--lease-mode] [--deliver-sleep S]
+
+``--lease-mode`` delivers at-least-once through a separate RPUSH per message (claim, push, ack), so a kill
+between push and ack shows what the lease recovers; without it the exactly-once script is used.
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import time
+
+import redis
+
+from delay_broker import ClaimedMessage, DelayStore, ListTarget, Promoter
+from delay_broker.deliverers import DirectLists, ListDeliverer
+
+
+class SlowListDeliverer(ListDeliverer):
+    """Sleeps before each push so that a kill lands in the middle of a batch."""
+
+    def __init__(self, client: redis.Redis, target: ListTarget, pause: float) -> None:
+        super().__init__(client, {"ready": target})
+        self.pause = pause
+
+    def deliver(self, message: ClaimedMessage) -> None:
+        if self.pause:
+            time.sleep(self.pause)
+        super().deliver(message)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("url")
+    parser.add_argument("namespace")
+    parser.add_argument("target")
+    parser.add_argument("--lease-mode", action="store_true")
+    parser.add_argument("--deliver-sleep", type=float, default=0.0)
+    parser.add_argument("--lease", type=float, default=30.0)
+    parser.add_argument("--batch", type=int, default=100)
+    options = parser.parse_args()
+
+    client = redis.Redis.from_url(options.url)
+    store = DelayStore(client, namespace=options.namespace)
+    target = ListTarget(options.target, mode="rpush")
+    deliverer = (
+        SlowListDeliverer(client, target, options.deliver_sleep)
+        if options.lease_mode
+        else DirectLists({"ready": target})
+    )
+    promoter = Promoter(store, deliverer, batch=options.batch, lease=options.lease, max_idle=0.5)
+    signal.signal(signal.SIGTERM, lambda *_: promoter.request_stop())
+    print("ready", flush=True)
+    promoter.run()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,68 @@
+"""Pure units: Lua script headers, the score encoding shared with Lua, and the envelope format."""
+
+from __future__ import annotations
+
+import re
+from importlib import resources
+
+import pytest
+
+from delay_broker import CorruptEnvelope, Envelope
+from delay_broker import scripts as script_package
+from delay_broker.clock import FIFO_SLOTS, MAX_DUE_MS
+
+
+def lua_files() -> list[str]:
+    return sorted(p.name for p in resources.files(script_package).iterdir() if p.name.endswith(".lua"))
+
+
+@pytest.mark.parametrize("name", [n for n in lua_files() if n != "_lib.lua"])
+def test_every_script_documents_keys_and_argv_in_its_header(name):
+    text = resources.files(script_package).joinpath(name).read_text()
+    header = "\n".join(line for line in text.splitlines()[:40] if line.startswith("--"))
+    assert header.startswith(f"-- {name}:"), "the header names the script and what it does"
+    assert "KEYS[1]" in header and "ARGV[1" in header
+    assert name.removesuffix(".lua") in script_package.NAMES
+
+
+def test_no_script_builds_key_names_itself():
+    # Every key a script touches comes from KEYS (Redis Cluster needs it); none is spelled in Lua.
+    for name in lua_files():
+        text = resources.files(script_package).joinpath(name).read_text()
+        code = "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("--"))
+        assert not re.search(r"['\"]delay_broker:\S*[:{]", code) and ":due'" not in code
+
+
+def test_fifo_slots_agree_with_lua():
+    lib = resources.files(script_package).joinpath("_lib.lua").read_text()
+    assert re.search(r"local FIFO_SLOTS = (\d+)", lib).group(1) == str(FIFO_SLOTS)
+    assert (MAX_DUE_MS + 1) * FIFO_SLOTS <= 2**53, "scores stay exact as doubles"
+
+
+def test_envelope_round_trip_keeps_payload_bytes_opaque():
+    payload = bytes(range(256)) + b"\n\n{not json"
+    envelope = Envelope(
+        route="default", payload=payload, framework="dramatiq", name="send", hash_field="abc", parked_at_ms=5
+    )
+    assert Envelope.decode(envelope.encode()) == envelope
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        (b"no newline at all", "no header line"),
+        (b"{broken\npayload", "not JSON"),
+        (b"[1, 2]\npayload", "not a JSON object"),
+        (b'{"v": 2, "f": "raw", "r": "q"}\n', "unsupported envelope version 2"),
+        (b'{"v": 1, "f": "raw"}\n', "no route"),
+        (b'{"v": 1, "f": "raw", "r": ""}\n', "no route"),
+        (b'{"v": 1, "r": "q"}\n', "no framework"),
+        (b'{"v": 1, "f": "raw", "r": "q", "h": 5}\n', "hash field"),
+        (b'{"v": 1, "f": "raw", "r": "q", "x": []}\n', "extras"),
+        (b'{"v": 1, "f": "raw", "r": "q", "t": "yesterday"}\n', "parked-at"),
+        (b"\xff\xfe\n", "not JSON"),
+    ],
+)
+def test_corrupt_envelopes_are_refused_with_the_reason(raw, message):
+    with pytest.raises(CorruptEnvelope, match=message):
+        Envelope.decode(raw)
