@@ -30,17 +30,23 @@ end
 
 local promoted, dead = 0, 0
 local result = {now, -1, 0, 0}
-local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', due_limit(now), 'WITHSCORES', 'LIMIT', 0, batch)
-if #due > 0 then
+-- ZCOUNT then ZPOPMIN takes the due head in two calls, without passing every id back to ZREM.
+local ready = math.min(batch, redis.call('ZCOUNT', KEYS[1], '-inf', due_limit(now)))
+if ready > 0 then
+    local due = redis.call('ZPOPMIN', KEYS[1], ready)
     local ids = {}
     for i = 1, #due, 2 do
         ids[#ids + 1] = due[i]
     end
-    redis.call('ZREM', KEYS[1], unpack(ids))
     local envelopes = redis.call('HMGET', KEYS[2], unpack(ids))
     redis.call('HDEL', KEYS[2], unpack(ids))
-    redis.call('HDEL', KEYS[4], unpack(ids))
-    redis.call('HDEL', KEYS[5], unpack(ids))
+    -- Attempts and errors exist only for messages that failed before: skip the work when there are none.
+    if redis.call('EXISTS', KEYS[4]) == 1 then
+        redis.call('HDEL', KEYS[4], unpack(ids))
+    end
+    if redis.call('EXISTS', KEYS[5]) == 1 then
+        redis.call('HDEL', KEYS[5], unpack(ids))
+    end
 
     -- Pushes are grouped per route, in due order, so each batch costs one push per route.
     local pushes, order = {}, {}

@@ -1,0 +1,148 @@
+"""Core benchmarks: the store and promoter against bare Redis doing the same work, in the same run.
+
+    python benchmarks/bench_core.py [--messages N] [--batch B]
+
+Starts a private redis-server, measures, and prints a table followed by ``name=value`` lines:
+
+- drain_ratio: messages/s drained by a promoter through the exactly-once list path, over a bare Lua
+  ZSET-to-list move of the same messages with the same batch size (target >= 0.7).
+- park_many_ratio: messages/s of DelayStore.park_many over a raw pipelined ZADD+HSET (target >= 0.5).
+- bytes_per_parked: Redis memory per parked message beyond its payload (target <= 200).
+- idle_calls_per_s: Redis round trips per second of one idle promoter (target <= 1).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import redis
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from delay_broker import DelayStore, Envelope, ListTarget, ParkRequest, Promoter  # noqa: E402
+from delay_broker.deliverers import DirectLists  # noqa: E402
+from delay_broker.embedded import EmbeddedRedis  # noqa: E402
+
+PAYLOAD = b"x" * 100
+HERE = Path(__file__).resolve().parent
+
+
+def message_ids(count: int) -> list[str]:
+    return [str(uuid.uuid4()) for _ in range(count)]
+
+
+def park_due_now(store: DelayStore, ids: list[str]) -> float:
+    envelope = Envelope(route="ready", payload=PAYLOAD)
+    started = time.perf_counter()
+    store.park_many([ParkRequest(id, envelope, delay=0) for id in ids])
+    return time.perf_counter() - started
+
+
+def raw_park(client: redis.Redis, prefix: str, ids: list[str]) -> float:
+    """What parking costs with no checks, no envelope and no script: pipelined ZADD + HSET per message."""
+    started = time.perf_counter()
+    score = int(time.time() * 1000) * 1024
+    for start in range(0, len(ids), 1000):
+        pipe = client.pipeline(transaction=False)
+        for id in ids[start : start + 1000]:
+            pipe.zadd(f"{prefix}:due", {id: score})
+            pipe.hset(f"{prefix}:msg", id, PAYLOAD)
+        pipe.execute()
+    return time.perf_counter() - started
+
+
+def drain_with_promoter(store: DelayStore, target: str, batch: int, count: int) -> float:
+    promoter = Promoter(store, DirectLists({"ready": ListTarget(target)}), batch=batch)
+    started = time.perf_counter()
+    while promoter.counters.promoted < count:
+        promoter.step()
+    return time.perf_counter() - started
+
+
+def drain_bare(client: redis.Redis, prefix: str, target: str, batch: int) -> float:
+    move = client.register_script((HERE / "bare_move.lua").read_text())
+    keys = [f"{prefix}:due", f"{prefix}:msg", target]
+    started = time.perf_counter()
+    while move(keys=keys, args=[batch]):
+        pass
+    return time.perf_counter() - started
+
+
+def bytes_per_parked(client: redis.Redis, count: int) -> float:
+    store = DelayStore(client, namespace=f"mem-{uuid.uuid4().hex[:6]}")
+    ids = message_ids(count)
+    before = int(client.info("memory")["used_memory"])
+    envelope = Envelope(route="ready", payload=PAYLOAD)
+    store.park_many([ParkRequest(id, envelope, delay=3600) for id in ids])
+    after = int(client.info("memory")["used_memory"])
+    client.delete(*store.keys.all())
+    return (after - before) / count - len(PAYLOAD)
+
+
+def idle_calls_per_second(client: redis.Redis, seconds: float) -> float:
+    store = DelayStore(client, namespace=f"idle-{uuid.uuid4().hex[:6]}")
+    store.park("far-future", Envelope(route="ready", payload=PAYLOAD), delay=86400)
+    promoter = Promoter(store, DirectLists({"ready": ListTarget("idle:ready")})).start()
+    time.sleep(0.5)
+    before = round_trips(client)
+    time.sleep(seconds)
+    after = round_trips(client) - 1  # the INFO of the first reading
+    promoter.stop()
+    client.delete(*store.keys.all())
+    return (after - before) / seconds
+
+
+def round_trips(client: redis.Redis) -> int:
+    stats = client.info("commandstats")
+    return sum(int(value["calls"]) for key, value in stats.items() if not key.endswith(("zadd", "zrangebyscore", "zrange", "time")))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--messages", type=int, default=200_000)
+    parser.add_argument("--batch", type=int, default=1000)
+    parser.add_argument("--rounds", type=int, default=3, help="repeat each pair; the best round counts")
+    options = parser.parse_args()
+    n, batch = options.messages, options.batch
+
+    with EmbeddedRedis() as server:
+        client = server.client()
+        drain_ours, drain_ref, park_ours, park_ref = [], [], [], []
+        for _ in range(options.rounds):
+            # Interleave ours and the reference so machine noise hits both alike.
+            ids = message_ids(n)
+            store = DelayStore(client, namespace=f"bench-{uuid.uuid4().hex[:6]}")
+            park_ours.append(n / park_due_now(store, ids))
+            prefix = f"bare-{uuid.uuid4().hex[:6]}"
+            park_ref.append(n / raw_park(client, prefix, ids))
+            drain_ours.append(n / drain_with_promoter(store, f"{prefix}:ours", batch, n))
+            drain_ref.append(n / drain_bare(client, prefix, f"{prefix}:bare", batch))
+            client.delete(f"{prefix}:ours", f"{prefix}:bare", *store.keys.all())
+        memory = bytes_per_parked(client, min(n, 100_000))
+        idle = idle_calls_per_second(client, 10.0)
+
+    results = {
+        "drain_msgs_per_s": max(drain_ours),
+        "drain_bare_msgs_per_s": max(drain_ref),
+        "drain_ratio": max(drain_ours) / max(drain_ref),
+        "park_many_msgs_per_s": max(park_ours),
+        "park_raw_msgs_per_s": max(park_ref),
+        "park_many_ratio": max(park_ours) / max(park_ref),
+        "bytes_per_parked": memory,
+        "idle_calls_per_s": idle,
+    }
+    print(f"\ncore benchmark: {n} messages, batch {batch}, best of {options.rounds} rounds, payload {len(PAYLOAD)} B")
+    print(f"{'measure':<24}{'value':>14}")
+    for name, value in results.items():
+        print(f"{name:<24}{value:>14.2f}")
+    print()
+    for name, value in results.items():
+        print(f"{name}={value:.3f}")
+
+
+if __name__ == "__main__":
+    main()
