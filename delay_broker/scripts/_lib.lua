@@ -51,15 +51,17 @@ local function wake_one(wake_key)
     redis.call('LTRIM', wake_key, 0, 0)
 end
 
+local find, sub, decode = string.find, string.sub, cjson.decode
+
 -- Splits an envelope into its decoded header table and payload; returns nil and a reason when malformed.
 local function open_envelope(envelope)
-    local newline = string.find(envelope, '\n', 1, true)
+    local newline = find(envelope, '\n', 1, true)
     if not newline then
         return nil, nil, 'malformed envelope: no header line'
     end
-    local ok, header = pcall(cjson.decode, string.sub(envelope, 1, newline - 1))
+    local ok, header = pcall(decode, sub(envelope, 1, newline - 1))
     if not ok or type(header) ~= 'table' then
         return nil, nil, 'malformed envelope: header is not a JSON object'
     end
-    return header, string.sub(envelope, newline + 1), nil
+    return header, sub(envelope, newline + 1), nil
 end

@@ -37,13 +37,13 @@ end
 
 local deadline = now + lease
 local result = {now, deadline, -1}
-local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', due_limit(now), 'WITHSCORES', 'LIMIT', 0, batch)
-if #due > 0 then
+local ready = math.min(batch, redis.call('ZCOUNT', KEYS[1], '-inf', due_limit(now)))
+if ready > 0 then
+    local due = redis.call('ZPOPMIN', KEYS[1], ready)
     local ids = {}
     for i = 1, #due, 2 do
         ids[#ids + 1] = due[i]
     end
-    redis.call('ZREM', KEYS[1], unpack(ids))
     local envelopes = redis.call('HMGET', KEYS[2], unpack(ids))
     for n, id in ipairs(ids) do
         local score = due[n * 2]

@@ -77,15 +77,17 @@ if ready > 0 then
                     pushes[header.r] = group
                     order[#order + 1] = header.r
                 end
+                local items = group.items
                 if route.mode == 'hash' then
-                    group.fields[#group.fields + 1] = header.h
-                    group.items[#group.items + 1] = header.h
-                    group.items[#group.items + 1] = payload
+                    local fields = group.fields
+                    fields[#fields + 1] = header.h
+                    items[#items + 1] = header.h
+                    items[#items + 1] = payload
                 else
-                    group.items[#group.items + 1] = payload
+                    items[#items + 1] = payload
                 end
                 promoted = promoted + 1
-                result[#result + 1] = now - due_of(due[n * 2])
+                result[4 + promoted] = now - math.floor(tonumber(due[n * 2]) / FIFO_SLOTS)
             end
         end
     end
