@@ -48,6 +48,7 @@ class Keyspace:
             "wake",
             "stats",
             "promoters",
+            "routes",
         )
         return [self.key(name) for name in names]
 
@@ -104,6 +105,11 @@ class Keyspace:
     def stats(self) -> str:
         """HASH counter name -> total (parked, promoted, dead_lettered, ...)."""
         return self.key("stats")
+
+    @property
+    def routes(self) -> str:
+        """SET of routes producers parked for (adapters whose queues are not all declared up front)."""
+        return self.key("routes")
 
     @property
     def promoters(self) -> str:

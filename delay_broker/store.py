@@ -170,10 +170,13 @@ class DelayStore:
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> DelayStore:
-        """A store on a new client for ``url`` (``redis://``, ``rediss://`` or ``unix://``)."""
-        client_options = {
-            key: options.pop(key) for key in ("socket_timeout", "socket_connect_timeout") if key in options
-        }
+        """A store on a new client for ``url`` (``redis://``, ``rediss://`` or ``unix://``).
+
+        Options this class takes (``namespace``, ``max_attempts``, ...) configure the store; every other one
+        goes to :meth:`redis.Redis.from_url` (``ssl_ca_certs``, ``username``, ``socket_timeout``, ...).
+        """
+        store_options = ("namespace", "prefix", "max_payload_bytes", "max_attempts", "retry_backoff")
+        client_options = {key: options.pop(key) for key in list(options) if key not in store_options}
         client_options.setdefault("socket_connect_timeout", 5.0)
         client_options.setdefault("socket_timeout", 30.0)
         client = redis.Redis.from_url(url, health_check_interval=30, socket_keepalive=True, **client_options)
@@ -185,7 +188,9 @@ class DelayStore:
         except (redis.ConnectionError, redis.TimeoutError) as error:
             raise StoreUnavailable(f"Redis unavailable during {name}: {error}") from error
         except redis.ResponseError as error:
-            if "delay_broker:" in str(error):
+            # The scripts' own input errors start with "delay_broker:"; anything else (a key of the wrong type,
+            # a missing permission) is reported as Redis said it, with the key names it gave.
+            if str(error).startswith("delay_broker:"):
                 raise InvalidDelay(str(error).split("delay_broker:", 1)[1].strip()) from None
             raise DelayBrokerError(f"Redis refused {name}: {error}") from error
 
@@ -271,16 +276,48 @@ class DelayStore:
             total += sum(int(flag) for flag in reply)
         return total
 
-    def reschedule(self, id: str, *, delay: Delay | None = None, due: datetime | None = None) -> int | None:
+    def reschedule(
+        self,
+        id: str,
+        *,
+        delay: Delay | None = None,
+        due: datetime | None = None,
+        envelope: Envelope | None = None,
+    ) -> int | None:
         """Move a parked message to a new due time (``delay=0``: due now). Returns the new due time in ms,
-        or None if the id is not parked (unknown, already promoted, in flight or dead)."""
+        or None if the id is not parked (unknown, already promoted, in flight or dead).
+
+        ``envelope`` replaces the stored one in the same atomic step (for payloads that carry their own
+        due time, such as a Celery message's ``eta`` header).
+        """
         check_id(id)
         if (delay is None) == (due is None):
             raise InvalidDelay("give exactly one of delay and due")
         kind, value = ("d", delay_to_ms(delay)) if delay is not None else ("a", due_to_ms(due))  # type: ignore[arg-type]
+        encoded = b"" if envelope is None else self._encode_request(ParkRequest(id, envelope, delay=0))[3]
         k = self.keys
-        reply = int(self._run("reschedule", [k.due, k.seq, k.wake], [id, kind, value, MAX_DUE_MS]))
+        reply = int(self._run("reschedule", [k.due, k.seq, k.wake, k.msg], [id, kind, value, MAX_DUE_MS, encoded]))
         return None if reply < 0 else reply
+
+    def record_routes(self, routes: Iterable[str]) -> None:
+        """Remember routes producers parked for, so promoters in other processes may deliver to them.
+
+        Adapters whose queues are not all declared up front (a Celery producer may route anywhere) record
+        each route when they park; promoters allow declared routes plus these.
+        """
+        names = [route for route in routes if isinstance(route, str) and route]
+        if names:
+            try:
+                self.client.sadd(self.keys.routes, *names)
+            except (redis.ConnectionError, redis.TimeoutError) as error:
+                raise StoreUnavailable(f"Redis unavailable while recording routes: {error}") from error
+
+    def recorded_routes(self) -> set[str]:
+        try:
+            members = self.client.smembers(self.keys.routes)
+        except (redis.ConnectionError, redis.TimeoutError) as error:
+            raise StoreUnavailable(f"Redis unavailable while reading routes: {error}") from error
+        return {member.decode() if isinstance(member, bytes) else str(member) for member in members}
 
     # -- inspection ------------------------------------------------------------------------------------
 

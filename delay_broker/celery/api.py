@@ -1,0 +1,214 @@
+"""The adapter's public functions: enable it, check its configuration, build a promoter, cancel/reschedule."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+from typing import Any
+from urllib.parse import urlsplit
+
+from ..envelope import Envelope
+from ..errors import ConfigurationError, InvalidDelay
+from ..promoter import Deliverer, DirectDeliverer, Promoter
+from ..store import DelayStore, MessageInfo
+from .config import OPTIONS_KEY, CeleryOptions, Kind, kind_of_scheme, parse_options
+from .delivery import (
+    REDIS_PRIORITY_STEPS,
+    REDIS_SEP,
+    AllowedRoutes,
+    AmqpRepublisher,
+    RedisDirect,
+    VirtualRepublisher,
+    declared_amqp_routes,
+    declared_queues,
+)
+from .messages import dumps, loads, parse_celery_time
+from .stores import RouteBook, same_redis, shared_store, store_client
+
+_STOCK_TRANSPORTS: dict[Kind, str] = {"redis": "redis", "amqp": "pyamqp", "sqs": "sqs"}
+
+
+def app_options(app: Any, **overrides: Any) -> CeleryOptions:
+    """The app's ``broker_transport_options["delay_broker"]``, with ``overrides``, checked."""
+    raw = dict((app.conf.broker_transport_options or {}).get(OPTIONS_KEY) or {})
+    raw.update(overrides)
+    return parse_options(raw)
+
+
+def transport_kind(app: Any) -> tuple[Kind, bool]:
+    """Which broker the app uses, and whether its ``broker_transport`` is one of ours."""
+    from .transport import DelayBrokerTransport
+
+    with app.connection_for_write() as connection:
+        try:
+            cls = connection.get_transport_cls()
+        except (KeyError, ImportError, ValueError, AttributeError) as error:
+            name = connection.transport_cls
+            raise ConfigurationError(f"cannot load the broker transport {name!r}: {error}") from None
+    if isinstance(cls, type) and issubclass(cls, DelayBrokerTransport):
+        return cls.delay_broker_kind, True
+    kind = kind_of_scheme(str(getattr(cls, "driver_type", "")))
+    if kind is None:
+        raise ConfigurationError(
+            f"delay_broker supports the redis, pyamqp and SQS transports, not {connection.transport_cls!r}"
+        )
+    return kind, False
+
+
+def validate(app: Any) -> CeleryOptions:
+    """Check the app's delay_broker configuration now; raises ConfigurationError with a clear message.
+
+    Workers check it when they start; call this (or :func:`install`) in producer-only processes such as web
+    apps, which otherwise would first notice a bad option on their first publish.
+    """
+    options = app_options(app)
+    urls = [url for url in str(app.conf.broker_write_url or app.conf.broker_url or "").split(";") if url]
+    kind, wrapped = transport_kind(app)
+    if not wrapped and options.enabled:
+        raise ConfigurationError(
+            "delay_broker options are set but broker_transport is not a delay_broker transport; set "
+            f"broker_transport = {_transport_path(kind)!r} (or call delay_broker.celery.install(app))"
+        )
+    for url in urls:
+        scheme = urlsplit(url.strip()).scheme
+        scheme_kind = kind_of_scheme(scheme)
+        if scheme_kind is not None and scheme_kind != kind:
+            raise ConfigurationError(f"broker_url {scheme}:// does not match {_transport_path(kind)!r}")
+    if len(urls) > 1:
+        raise ConfigurationError("delay_broker does not support failover broker URLs (kombu drops the transport)")
+    with app.connection_for_write() as connection:
+        store_client(options, kind, connection)  # raises if there is no Redis for the store
+    return options
+
+
+def _transport_path(kind: Kind) -> str:
+    from .transport import TRANSPORTS
+
+    return TRANSPORTS[kind]
+
+
+def install(app: Any, **options: Any) -> CeleryOptions:
+    """Enable delay_broker on a Celery app in one line (after the app is configured).
+
+    Sets ``broker_transport`` to our wrapper of the transport ``broker_url`` names, merges ``options``
+    into ``broker_transport_options["delay_broker"]``, adds the promoter bootstep to the worker, and
+    validates the result (raising ConfigurationError on any problem).
+    """
+    transport_options = dict(app.conf.broker_transport_options or {})
+    raw = dict(transport_options.get(OPTIONS_KEY) or {})
+    raw.update(options)
+    parse_options(raw)
+    url = str(app.conf.broker_write_url or app.conf.broker_url or "amqp://")
+    scheme = urlsplit(url.split(";")[0].strip()).scheme
+    kind = kind_of_scheme(scheme)
+    current = app.conf.broker_transport
+    if isinstance(current, str) and current.startswith("delay_broker."):
+        kind = kind or transport_kind(app)[0]
+    if kind is None:
+        raise ConfigurationError(f"delay_broker supports redis://, amqp:// and sqs:// brokers, not {scheme}://")
+    transport_options[OPTIONS_KEY] = raw
+    app.conf.broker_transport = _transport_path(kind)
+    app.conf.broker_transport_options = transport_options
+    from .bootstep import PromoterStep
+
+    app.steps["worker"].add(PromoterStep)
+    return validate(app)
+
+
+def store_for(app: Any, options: CeleryOptions | None = None) -> DelayStore:
+    """The delay store of this app (shared by the process)."""
+    options = options or app_options(app)
+    kind, _ = transport_kind(app)
+    with app.connection_for_write() as connection:
+        return shared_store(options, kind, connection)
+
+
+def build_promoter(app: Any, **overrides: Any) -> Promoter:
+    """A promoter for this app's parked tasks (not started): ``.start()`` runs it in a thread, ``.run()``
+    in this one. ``overrides`` replace the app's options (``batch``, ``lease``, ``max_idle``, ...)."""
+    options = app_options(app, **overrides)
+    kind, _ = transport_kind(app)
+    with app.connection_for_write() as connection:
+        client, _ = store_client(options, kind, connection)  # its own client: the promoter blocks on it
+        direct = same_redis(options, kind, connection)
+    store = DelayStore(client, namespace=options.namespace, max_attempts=options.max_attempts)
+    queues = declared_queues(app, options.queues)
+    book = RouteBook(store)
+    transport_options = dict(app.conf.broker_transport_options or {})
+    deliverer: Deliverer | DirectDeliverer
+    if kind == "redis":
+        steps = transport_options.get("priority_steps") or REDIS_PRIORITY_STEPS
+        sep = str(transport_options.get("sep") or REDIS_SEP)
+        static = {queue if not step else f"{queue}{sep}{step}" for queue in queues for step in steps}
+        allowed = AllowedRoutes(static, book)
+        if direct:
+            deliverer = RedisDirect(allowed, queues, transport_options)
+        else:
+            deliverer = VirtualRepublisher(lambda: app.connection_for_write(transport="redis"), allowed)
+    elif kind == "sqs":
+        deliverer = VirtualRepublisher(lambda: app.connection_for_write(transport="sqs"), AllowedRoutes(queues, book))
+    else:
+        deliverer = AmqpRepublisher(
+            lambda: app.connection_for_write(transport="pyamqp", transport_options={"confirm_publish": True}),
+            AllowedRoutes(declared_amqp_routes(app, queues), book),
+        )
+    return Promoter(store, deliverer, batch=options.batch, lease=options.lease, max_idle=options.max_idle)
+
+
+# -- parked tasks by id -------------------------------------------------------------------------------------------
+
+
+def get(app: Any, task_id: str) -> MessageInfo | None:
+    """What the store holds for a task id (state ``due``, ``inflight`` or ``dead``), or None."""
+    return store_for(app).get(task_id)
+
+
+def cancel(app: Any, task_id: str) -> bool:
+    """Cancel a parked task: True if it was parked and is now gone for good; False if it was not parked
+    (never parked, already promoted, or being promoted right now)."""
+    return store_for(app).cancel(task_id)
+
+
+def reschedule(
+    app: Any, task_id: str, *, countdown: float | None = None, eta: datetime | str | None = None
+) -> datetime | None:
+    """Move a parked task to ``countdown`` seconds from now or to ``eta`` (naive: UTC, as the worker reads
+    it). The stored message's ``eta`` header is rewritten to match, so a task moved earlier runs then
+    instead of waiting in a worker for its old eta. Returns the new due time, or None if not parked."""
+    if (countdown is None) == (eta is None):
+        raise InvalidDelay("give exactly one of countdown and eta")
+    if countdown is not None:
+        if isinstance(countdown, bool) or not isinstance(countdown, int | float) or not countdown >= 0:
+            raise InvalidDelay(f"countdown must be a non-negative number of seconds, got {countdown!r}")
+        due = datetime.now(timezone.utc) + timedelta(seconds=countdown)
+    else:
+        parsed = parse_celery_time(eta)
+        if parsed is None:
+            raise InvalidDelay(f"eta must be a datetime or an ISO 8601 string, got {eta!r}")
+        due = parsed
+    store = store_for(app)
+    info = store.get(task_id)
+    envelope = info.envelope if info is not None and info.state == "due" else None
+    if envelope is None:
+        return None
+    rewritten = Envelope(
+        route=envelope.route,
+        payload=_with_eta(envelope, due),
+        framework=envelope.framework,
+        name=envelope.name,
+        hash_field=envelope.hash_field,
+        parked_at_ms=envelope.parked_at_ms,
+        extra=envelope.extra,
+    )
+    due_ms = store.reschedule(task_id, due=due, envelope=rewritten)
+    return None if due_ms is None else datetime.fromtimestamp(due_ms / 1000, timezone.utc)
+
+
+def _with_eta(envelope: Envelope, due: datetime) -> bytes:
+    """The stored message with its ``eta`` header set to ``due`` (body untouched)."""
+    record = loads(envelope.payload)
+    eta = due.astimezone(timezone.utc).isoformat()
+    if "exchange" in envelope.extra:  # pyamqp: {body, properties: {application_headers}, exchange, routing_key}
+        record["properties"].setdefault("application_headers", {})["eta"] = eta
+    else:  # virtual transports: kombu's message dict
+        record["headers"]["eta"] = eta
+    return dumps(record).encode("utf-8")

@@ -1,0 +1,54 @@
+"""The worker bootstep that runs a promoter thread in every Celery worker."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from celery import bootsteps
+
+from ..promoter import Promoter
+
+logger = logging.getLogger("delay_broker.celery")
+
+
+class PromoterStep(bootsteps.StartStopStep):  # type: ignore[misc]
+    """Starts a promoter thread when the worker starts and stops it (after its batch) when it stops.
+
+    A step of the *worker* blueprint, not the consumer's: consumer steps are restarted on every broker
+    reconnect, and the promoter has its own reconnection and backoff. Disabled by the ``promoter: False``
+    option (e.g. when promoters run as separate ``delay-broker promote`` processes).
+    """
+
+    label = "delay_broker promoter"
+    name = "delay_broker.celery.bootstep.PromoterStep"
+
+    def __init__(self, parent: Any, **kwargs: Any) -> None:
+        super().__init__(parent, **kwargs)
+        self.promoter: Promoter | None = None
+
+    def include_if(self, parent: Any) -> bool:
+        from .api import app_options
+
+        options = app_options(parent.app)
+        return options.enabled and options.promoter
+
+    def create(self, parent: Any) -> None:
+        return None
+
+    def start(self, parent: Any) -> None:
+        from .api import build_promoter
+
+        self.promoter = build_promoter(parent.app)
+        self.promoter.start()
+
+    def stop(self, parent: Any) -> None:
+        promoter, self.promoter = self.promoter, None
+        if promoter is not None:
+            promoter.stop()
+            close = getattr(promoter.deliverer, "close", None)
+            if close is not None:
+                close()
+
+    def terminate(self, parent: Any) -> None:
+        self.stop(parent)

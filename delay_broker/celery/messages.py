@@ -1,0 +1,160 @@
+"""What we read from and keep of a Celery message: its due time, and the published message as opaque bytes.
+
+We never decode task arguments: the body stays exactly as kombu serialized it. What is stored is JSON
+written with kombu's own encoder (never pickle), and it is read back with ``kombu.utils.json.loads``.
+"""
+
+from __future__ import annotations
+
+import base64
+import logging
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from typing import Any
+
+from celery.utils.time import maybe_iso8601, maybe_make_aware
+from kombu.serialization import loads as _kombu_loads
+from kombu.utils import json as _kombu_json
+
+# kombu's JSON codec (it round-trips datetimes, UUIDs and decimals with type tags; never pickle).
+dumps: Callable[[Any], str] = _kombu_json.dumps
+loads: Callable[[str | bytes], Any] = _kombu_json.loads
+_decode: Callable[..., Any] = _kombu_loads
+
+logger = logging.getLogger("delay_broker.celery")
+
+CONTROL_METHODS = frozenset({"revoke"})
+"""Pidbox broadcasts that cancel parked tasks (``revoke_by_stamped_headers`` cannot be mapped to ids)."""
+
+_SAFE_CONTENT_TYPES = frozenset({"application/json", "application/x-msgpack", "application/x-yaml"})
+"""Serializers a control broadcast may be decoded with: never pickle."""
+
+
+def parse_celery_time(value: object) -> datetime | None:
+    """An ``eta``/``expires`` header as the worker reads it, or None if absent or unreadable.
+
+    This calls the very functions Celery's worker uses (``Request.__init__``): an ISO string is parsed, and a
+    *naive* value is taken as UTC (``maybe_make_aware(..., naive_as_utc=True)``). The instant does not
+    depend on the app's timezone, which only changes how Celery displays it, so our due time is exactly
+    the moment the worker would run the task.
+    """
+    if value is None or value == "":
+        return None
+    try:
+        parsed = maybe_iso8601(value)
+    except (AttributeError, ValueError, TypeError, OverflowError):
+        return None
+    if not isinstance(parsed, datetime):
+        return None
+    aware: datetime = maybe_make_aware(parsed, timezone.utc)
+    return aware
+
+
+@dataclass(frozen=True)
+class TaskInfo:
+    """The parts of a published task the adapter looks at."""
+
+    id: str
+    name: str | None
+    eta: datetime | None
+    expires: datetime | None
+
+
+def task_info(headers: Mapping[str, Any] | None) -> TaskInfo | None:
+    """Read a protocol-2 task message's headers; None for anything else (events, control, protocol 1)."""
+    if not headers:
+        return None
+    task_id, name = headers.get("id"), headers.get("task")
+    if not isinstance(task_id, str) or not task_id or not isinstance(name, str):
+        return None
+    return TaskInfo(task_id, name, parse_celery_time(headers.get("eta")), parse_celery_time(headers.get("expires")))
+
+
+# -- virtual transports (redis, SQS): the message dict that Channel._put receives --------------------------
+
+
+def encode_virtual(message: Mapping[str, Any]) -> bytes:
+    """Exactly what kombu's Redis ``_put`` would LPUSH: ``kombu.utils.json.dumps(message)``, as UTF-8."""
+    return dumps(message).encode("utf-8")
+
+
+def decode_virtual(payload: bytes) -> dict[str, Any]:
+    """The message dict back; ValueError if it is not one kombu's virtual channels can deliver."""
+    message = loads(payload)
+    if not isinstance(message, dict):
+        raise ValueError("stored message is not a JSON object")
+    properties = message.get("properties")
+    if not isinstance(properties, dict) or not isinstance(properties.get("delivery_info"), dict):
+        raise ValueError("stored message has no properties.delivery_info")
+    if "delivery_tag" not in properties or "body" not in message:
+        raise ValueError("stored message has no body or delivery tag")
+    return message
+
+
+# -- pyamqp: amqp.Message plus exchange and routing key ------------------------------------------------------
+
+
+def encode_amqp(body: bytes | str, properties: Mapping[str, Any], exchange: str, routing_key: str) -> bytes:
+    """The message as sent on the wire (body bytes, AMQP properties) and where it was sent."""
+    if isinstance(body, str):
+        # amqp encodes a str body with the message's content_encoding before sending: keep those bytes.
+        body = body.encode(str(properties.get("content_encoding") or "utf-8"))
+    record = {
+        "body": base64.b64encode(body).decode("ascii"),
+        "properties": dict(properties),
+        "exchange": exchange,
+        "routing_key": routing_key,
+    }
+    return dumps(record).encode("utf-8")
+
+
+@dataclass(frozen=True)
+class AmqpRecord:
+    body: bytes
+    properties: dict[str, Any]
+    exchange: str
+    routing_key: str
+
+
+def decode_amqp(payload: bytes) -> AmqpRecord:
+    record = loads(payload)
+    if not isinstance(record, dict):
+        raise ValueError("stored message is not a JSON object")
+    body, properties = record.get("body"), record.get("properties")
+    exchange, routing_key = record.get("exchange"), record.get("routing_key")
+    if not (isinstance(body, str) and isinstance(properties, dict)):
+        raise ValueError("stored message has no body or properties")
+    if not (isinstance(exchange, str) and isinstance(routing_key, str)):
+        raise ValueError("stored message has no exchange or routing key")
+    return AmqpRecord(base64.b64decode(body, validate=True), properties, exchange, routing_key)
+
+
+def amqp_route(exchange: str, routing_key: str) -> str:
+    """The route of an AMQP publish: the queue for the default exchange, else ``exchange:routing_key``."""
+    return routing_key if not exchange else f"{exchange}:{routing_key}"
+
+
+# -- control broadcasts (revoke) ------------------------------------------------------------------------------
+
+
+def revoked_ids(body: object, content_type: str | None, content_encoding: str | None) -> list[str]:
+    """Task ids named by a ``revoke`` pidbox broadcast (empty for any other control message)."""
+    if content_type not in _SAFE_CONTENT_TYPES or body is None:
+        return []
+    try:
+        data = _decode(body, content_type, content_encoding or "utf-8", accept=_SAFE_CONTENT_TYPES)
+    except Exception:  # a control message we cannot read is simply not ours to act on
+        return []
+    if not isinstance(data, dict) or data.get("method") not in CONTROL_METHODS:
+        return []
+    if data.get("destination"):
+        # Revoked on some workers only: the others would still run the task, so it stays parked.
+        return []
+    arguments = data.get("arguments") or {}
+    ids = arguments.get("task_id") if isinstance(arguments, dict) else None
+    if isinstance(ids, str):
+        return [ids]
+    if isinstance(ids, Iterable):
+        return [item for item in ids if isinstance(item, str) and item]
+    return []

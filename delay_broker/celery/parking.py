@@ -1,0 +1,73 @@
+"""The producer side: decide whether a published task is parked, park it, and cancel revoked ones."""
+
+from __future__ import annotations
+
+import logging
+import time
+from datetime import datetime
+from typing import Any
+
+from ..envelope import Envelope
+from ..store import DelayStore
+from .config import CeleryOptions, Kind
+from .messages import TaskInfo
+from .stores import RouteBook, shared_store
+
+logger = logging.getLogger("delay_broker.celery")
+
+FRAMEWORK = "celery"
+
+
+class Parker:
+    """Parks the tasks a transport publishes when their ``eta`` is more than ``threshold`` seconds away."""
+
+    def __init__(self, store: DelayStore, threshold: float, *, revoke: bool = True) -> None:
+        self.store = store
+        self.threshold = threshold
+        self.revoke = revoke
+        self.routes = RouteBook(store)
+
+    @classmethod
+    def for_connection(cls, options: CeleryOptions, kind: Kind, conninfo: Any) -> Parker:
+        store = shared_store(options, kind, conninfo)
+        return cls(store, options.threshold_for(kind), revoke=options.revoke)
+
+    def due_if_parked(self, info: TaskInfo | None) -> datetime | None:
+        """The due time when this task should be parked, else None (no eta, or one close enough)."""
+        if info is None or info.eta is None:
+            return None
+        if info.eta.timestamp() - time.time() <= self.threshold:
+            return None
+        return info.eta
+
+    def park(self, info: TaskInfo, due: datetime, route: str, payload: bytes, extra: dict[str, Any]) -> None:
+        """Park under the task id (a re-publish of the same id replaces it, as a re-sent message would)."""
+        self.routes.record(route)
+        self.store.park(
+            info.id,
+            Envelope(route=route, payload=payload, framework=FRAMEWORK, name=info.name, extra=extra),
+            due=due,
+        )
+        if info.expires is not None and info.expires <= due:
+            logger.info(
+                "delay_broker: task %s[%s] expires at %s, before it is due at %s: Celery will discard it on delivery",
+                info.name,
+                info.id,
+                info.expires.isoformat(),
+                due.isoformat(),
+            )
+        logger.debug("delay_broker: parked %s[%s] until %s on %r", info.name, info.id, due.isoformat(), route)
+
+    def cancel_revoked(self, ids: list[str]) -> int:
+        """Cancel parked tasks named by a revoke broadcast; the broadcast itself still goes out."""
+        if not ids or not self.revoke:
+            return 0
+        try:
+            cancelled = self.store.cancel_many(ids)
+        except Exception:
+            # A revoke must never fail because the delay store is away; the workers still get it.
+            logger.exception("delay_broker: could not cancel parked tasks for a revoke of %s", ids)
+            return 0
+        if cancelled:
+            logger.info("delay_broker: revoke cancelled %d parked task(s) of %s", cancelled, ids)
+        return cancelled

@@ -1,0 +1,199 @@
+"""kombu transports that park long-delayed Celery tasks: subclasses of the stock redis, pyamqp and SQS ones.
+
+Select one with Celery's ``broker_transport`` setting (kombu resolves it as a dotted path) and keep
+``broker_url`` as it is; kombu still reads host, port, credentials and virtual host from the URL::
+
+    broker_transport = "delay_broker.celery.transport:RedisTransport"   # or AmqpTransport, SQSTransport
+
+Each is a subclass of the real transport, not a wrapper, because Celery changes behaviour on
+``transport.driver_type`` and ``implements``. Publishing is intercepted where every task passes after
+routing: ``Channel._put`` for the virtual transports (redis, SQS) and ``basic_publish`` for pyamqp. The
+pidbox ``revoke`` broadcast is seen in ``basic_publish`` on all three and cancels parked tasks.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, ClassVar
+
+from celery.signals import worker_init
+from kombu.transport import pyamqp as kombu_pyamqp
+from kombu.transport import redis as kombu_redis
+
+from .config import CeleryOptions, Kind, options_of
+from .messages import amqp_route, encode_amqp, encode_virtual, revoked_ids, task_info
+from .parking import Parker
+
+logger = logging.getLogger("delay_broker.celery")
+
+PIDBOX_SUFFIX = ".pidbox"
+"""Celery's control exchange is ``<control_exchange>.pidbox`` (``celery.pidbox`` by default)."""
+
+
+class DelayBrokerTransport:
+    """What our transports add to kombu's: the parsed options and the parker (None when disabled).
+
+    Options are checked in ``__init__``, which runs when a worker starts (before its banner) and on a
+    producer's first publish: a bad option stops the process with a clear message.
+    """
+
+    delay_broker_kind: ClassVar[Kind]
+    delay_broker_options: CeleryOptions
+    delay_broker: Parker | None
+
+    def _setup_delay_broker(self, client: Any) -> None:
+        self.delay_broker_options = options = options_of(client.transport_options)
+        self.delay_broker = Parker.for_connection(options, self.delay_broker_kind, client) if options.enabled else None
+
+
+# -- virtual transports ---------------------------------------------------------------------------------------
+
+
+def _park_virtual(channel: Any, queue: str, message: dict[str, Any], route: str) -> bool:
+    """Park a message ``Channel._put`` was given, if it is a task due later than the threshold."""
+    parker: Parker | None = channel.connection.delay_broker
+    if parker is None or message.get("redelivered"):
+        # A restored/redelivered message (SQS reject, recover) was already delivered once: never park it.
+        return False
+    info = task_info(message.get("headers"))
+    due = parker.due_if_parked(info)
+    if info is None or due is None:
+        return False
+    parker.park(info, due, route, encode_virtual(message), {"queue": queue})
+    return True
+
+
+def _watch_control(channel_parker: Parker | None, exchange: str, body: Any, content_type: Any, encoding: Any) -> None:
+    if channel_parker is not None and exchange and exchange.endswith(PIDBOX_SUFFIX):
+        channel_parker.cancel_revoked(revoked_ids(body, content_type, encoding))
+
+
+class RedisChannel(kombu_redis.Channel):
+    def _put(self, queue: str, message: dict[str, Any], **kwargs: Any) -> Any:
+        priority = self._get_message_priority(message, reverse=False)  # type: ignore[no-untyped-call]
+        route: str = self._q_for_pri(queue, priority)  # type: ignore[no-untyped-call]
+        if _park_virtual(self, queue, message, route):
+            # Parked directly, not inside a kombu publish batch (Celery itself never batches).
+            kwargs.pop("_publish_batch", None)
+            return None
+        return super()._put(queue, message, **kwargs)  # type: ignore[no-untyped-call]
+
+    def basic_publish(self, message: dict[str, Any], exchange: str, routing_key: str, **kwargs: Any) -> Any:
+        body, ctype, cenc = message.get("body"), message.get("content-type"), message.get("content-encoding")
+        _watch_control(self.connection.delay_broker, exchange, body, ctype, cenc)
+        return super().basic_publish(message, exchange, routing_key, **kwargs)  # type: ignore[no-untyped-call]
+
+
+class RedisTransport(DelayBrokerTransport, kombu_redis.Transport):
+    """kombu's Redis transport, parking tasks whose eta is further away than the threshold."""
+
+    Channel = RedisChannel
+    delay_broker_kind = "redis"
+
+    def __init__(self, client: Any, **kwargs: Any) -> None:
+        super().__init__(client, **kwargs)  # type: ignore[no-untyped-call]
+        self._setup_delay_broker(client)
+
+
+# -- pyamqp ----------------------------------------------------------------------------------------------------
+
+
+def _publish_args(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, str, str]:
+    msg = args[0] if args else kwargs.get("msg")
+    exchange = args[1] if len(args) > 1 else kwargs.get("exchange", "")
+    routing_key = args[2] if len(args) > 2 else kwargs.get("routing_key", "")
+    return msg, exchange or "", routing_key or ""
+
+
+class AmqpChannel(kombu_pyamqp.Channel):
+    """Intercepts ``_basic_publish`` (``basic_publish`` is a class alias of it) and ``basic_publish_confirm``
+    (which ``amqp.Channel.__init__`` installs as ``basic_publish`` in confirm mode; a parked publish must not
+    wait for a broker confirmation that will never come)."""
+
+    _delay_broker_seen = False
+
+    def _delay_broker_intercept(self, msg: Any, exchange: str, routing_key: str) -> bool:
+        parker: Parker | None = self.connection.client.transport.delay_broker
+        if parker is None:
+            return False
+        properties = msg.properties
+        _watch_control(parker, exchange, msg.body, properties.get("content_type"), properties.get("content_encoding"))
+        info = task_info(properties.get("application_headers"))
+        due = parker.due_if_parked(info)
+        if info is None or due is None:
+            return False
+        extra = {"exchange": exchange, "routing_key": routing_key}
+        parker.park(info, due, amqp_route(exchange, routing_key), encode_amqp(msg.body, properties, **extra), extra)
+        return True
+
+    def _basic_publish(self, *args: Any, **kwargs: Any) -> Any:
+        if not self._delay_broker_seen and self._delay_broker_intercept(*_publish_args(args, kwargs)):
+            return None
+        return super()._basic_publish(*args, **kwargs)
+
+    basic_publish = _basic_publish
+
+    def basic_publish_confirm(self, *args: Any, **kwargs: Any) -> Any:
+        if self._delay_broker_intercept(*_publish_args(args, kwargs)):
+            return None
+        self._delay_broker_seen = True  # the inner _basic_publish must not look at it again
+        try:
+            return super().basic_publish_confirm(*args, **kwargs)
+        finally:
+            self._delay_broker_seen = False
+
+
+class AmqpConnection(kombu_pyamqp.Connection):
+    Channel = AmqpChannel
+
+
+class AmqpTransport(DelayBrokerTransport, kombu_pyamqp.Transport):
+    """kombu's pyamqp (RabbitMQ) transport, parking tasks whose eta is further away than the threshold."""
+
+    Connection = AmqpConnection
+    delay_broker_kind = "amqp"
+
+    def __init__(self, client: Any, **kwargs: Any) -> None:
+        super().__init__(client, **kwargs)  # type: ignore[no-untyped-call]
+        self._setup_delay_broker(client)
+
+
+# -- SQS (needs boto3: imported only when asked for) -------------------------------------------------------------
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("SQSTransport", "SQSChannel"):
+        from . import sqs
+
+        return getattr(sqs, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+# -- worker bootstep, enabled by configuration alone ---------------------------------------------------------------
+
+
+def _add_promoter_step(sender: Any = None, **kwargs: Any) -> None:
+    """Add the promoter bootstep to a worker whose broker connection uses one of our transports.
+
+    ``worker_init`` is sent after the worker created its first connection (which imported this module)
+    and before it builds its blueprint from ``app.steps['worker']``.
+    """
+    conninfo = getattr(sender, "_conninfo", None)
+    if conninfo is None:
+        return
+    transport = conninfo.transport
+    if isinstance(transport, DelayBrokerTransport):
+        from .bootstep import PromoterStep
+
+        sender.app.steps["worker"].add(PromoterStep)
+
+
+worker_init.connect(_add_promoter_step, weak=False, dispatch_uid="delay_broker.celery.promoter_step")
+
+
+TRANSPORTS: dict[str, str] = {
+    "redis": f"{__name__}:RedisTransport",
+    "amqp": f"{__name__}:AmqpTransport",
+    "sqs": f"{__name__}:SQSTransport",
+}
+"""The ``broker_transport`` value for each kind of broker."""

@@ -1,0 +1,56 @@
+"""A Celery app for the integration tests, configured entirely from environment variables.
+
+``celery -A integration.celery_apps.app worker`` reads ``os.environ``; tests build the same app in-process
+with :func:`make_app` and a dict, to send tasks with exactly the worker's configuration.
+
+- ``DBT_BROKER_URL``: the broker URL (redis://, amqp://, sqs://).
+- ``DBT_TRANSPORT``: ``broker_transport`` (a delay_broker transport), or empty for plain Celery.
+- ``DBT_OPTIONS``: JSON of ``broker_transport_options`` (including the ``delay_broker`` sub-dict).
+- ``DBT_QUEUE``: the test's own default queue.
+- ``DBT_RECORD_URL`` / ``DBT_RECORD_KEY``: where executions are recorded (RPUSH of a JSON line).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import redis
+from celery import Celery
+
+
+def make_app(env: Mapping[str, str]) -> Celery:
+    app = Celery("dbtest", broker=env["DBT_BROKER_URL"])
+    if env.get("DBT_TRANSPORT"):
+        app.conf.broker_transport = env["DBT_TRANSPORT"]
+    app.conf.broker_transport_options = json.loads(env.get("DBT_OPTIONS") or "{}")
+    app.conf.task_default_queue = env["DBT_QUEUE"]
+    app.conf.broker_connection_retry_on_startup = True
+    app.conf.worker_hijack_root_logger = False
+    app.conf.worker_prefetch_multiplier = 4
+    recorder = redis.Redis.from_url(env["DBT_RECORD_URL"])
+    record_key = env["DBT_RECORD_KEY"]
+
+    def record(task: Any, tag: str) -> None:
+        line = {"id": task.request.id, "tag": tag, "t": time.time(), "retries": task.request.retries}
+        recorder.rpush(record_key, json.dumps(line))
+
+    @app.task(name="dbtest.record", bind=True, shared=False)
+    def record_task(self: Any, tag: str) -> str:
+        record(self, tag)
+        return tag
+
+    @app.task(name="dbtest.retry_once", bind=True, shared=False)
+    def retry_once(self: Any, tag: str, countdown: float) -> str:
+        record(self, tag)
+        if self.request.retries == 0:
+            raise self.retry(countdown=countdown)
+        return tag
+
+    return app
+
+
+app = make_app(os.environ) if "DBT_BROKER_URL" in os.environ else None

@@ -1,0 +1,95 @@
+"""Celery adapter end to end: real ``celery worker`` processes on Redis, RabbitMQ and SQS (moto).
+
+One worker per transport serves every test of this module (each test uses task ids of its own); the delay
+threshold is 1 s, so a countdown of a few seconds is parked and anything under a second is not.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator
+
+import pytest
+
+from delay_broker.celery import cancel, reschedule
+
+from .celery_apps.brokers import env_for
+from .celery_apps.harness import CeleryEnv, wait_for
+
+KINDS = ["redis", "amqp", "sqs"]
+
+
+@pytest.fixture(scope="module", params=KINDS)
+def env(request: pytest.FixtureRequest) -> Iterator[CeleryEnv]:
+    celery_env = env_for(request.param, request, uuid.uuid4().hex[:10])
+    try:
+        celery_env.start_worker("w1")
+        yield celery_env
+    finally:
+        celery_env.close()
+
+
+def test_countdown_above_threshold_is_parked_and_runs_once_when_due(env: CeleryEnv) -> None:
+    sent_at = time.time()
+    result = env.task("record").apply_async(("parked",), countdown=4)
+    info = env.store.get(result.id)
+    assert info is not None and info.state == "due"
+    assert info.due_ms is not None and abs(info.due_ms / 1000 - (sent_at + 4)) < 1.5
+    assert env.queue_depth() == 0, "a parked task must not be in the broker queue"
+    time.sleep(1.5)
+    assert env.queue_depth() == 0 and env.runs(result.id) == []
+    wait_for(lambda: env.runs(result.id), 30, what="parked task ran")
+    run = env.runs(result.id)[0]
+    assert run["t"] >= info.due_ms / 1000 - 0.05, "ran before its due time"
+    time.sleep(2)
+    assert len(env.runs(result.id)) == 1
+
+
+def test_thirty_day_countdown_parked_then_rescheduled_to_now_runs_once(env: CeleryEnv) -> None:
+    countdown = 30 * 86400
+    sent_at = time.time()
+    result = env.task("record").apply_async(("month",), countdown=countdown)
+    info = env.store.get(result.id)
+    assert info is not None and info.state == "due" and info.due_ms is not None
+    assert abs(info.due_ms / 1000 - (sent_at + countdown)) < 5
+    assert reschedule(env.app, result.id, countdown=0) is not None
+    wait_for(lambda: env.runs(result.id), 30, what="rescheduled task ran")
+    time.sleep(1)
+    assert len(env.runs(result.id)) == 1
+    assert env.store.get(result.id) is None
+
+
+def test_countdown_below_threshold_uses_the_native_path(env: CeleryEnv) -> None:
+    result = env.task("record").apply_async(("native",), countdown=0.5)
+    assert env.store.get(result.id) is None
+    wait_for(lambda: env.runs(result.id), 30, what="native task ran")
+    assert len(env.runs(result.id)) == 1
+
+
+def test_retry_with_countdown_above_threshold_is_parked_and_runs(env: CeleryEnv) -> None:
+    result = env.task("retry_once").apply_async(("retry", 3))
+    wait_for(lambda: env.runs(result.id), 30, what="first attempt")
+    wait_for(lambda: (i := env.store.get(result.id)) is not None and i.state == "due", 10, what="retry parked")
+    wait_for(lambda: len(env.runs(result.id)) >= 2, 30, what="retry ran")
+    first, second = env.runs(result.id)[:2]
+    assert (first["retries"], second["retries"]) == (0, 1)
+    assert second["t"] - first["t"] >= 2.9
+    time.sleep(1)
+    assert len(env.runs(result.id)) == 2
+
+
+def test_cancel_revoke_and_expiry_before_due_mean_never_run(env: CeleryEnv) -> None:
+    record = env.task("record")
+    cancelled = record.apply_async(("cancelled",), countdown=3)
+    revoked = record.apply_async(("revoked",), countdown=3)
+    expired = record.apply_async(("expired",), countdown=3, expires=1.5)
+    control = record.apply_async(("control",), countdown=3)
+    assert all(env.store.get(r.id) is not None for r in (cancelled, revoked, expired, control))
+    assert cancel(env.app, cancelled.id) is True
+    revoked.revoke()
+    assert env.store.get(cancelled.id) is None
+    assert env.store.get(revoked.id) is None, "revoke() must cancel the parked task"
+    wait_for(lambda: env.runs(control.id), 30, what="control task ran")
+    time.sleep(2)
+    assert env.runs(cancelled.id) == [] and env.runs(revoked.id) == [] and env.runs(expired.id) == []

@@ -1,0 +1,212 @@
+"""Fast tests of the Celery adapter against the session's real redis-server (no worker processes)."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterator
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+import pytest
+import redis
+from celery import Celery
+from celery.utils.time import maybe_iso8601, maybe_make_aware
+from kombu import Connection
+
+from delay_broker import ConfigurationError, DelayStore, Envelope
+from delay_broker.celery import TRANSPORT_AMQP, TRANSPORT_REDIS, build_promoter, cancel, install, parse_options
+from delay_broker.celery.messages import parse_celery_time
+from delay_broker.embedded import EmbeddedRedis
+
+
+def make_app(server: EmbeddedRedis, unique: str, tz: str | None = None, **options: Any) -> Celery:
+    app = Celery(f"t{unique}", broker=server.url, set_as_current=False)
+    app.conf.task_default_queue = f"q-{unique}"
+    if tz:
+        app.conf.timezone = tz
+    app.conf.broker_transport_options = {"global_keyprefix": f"p{unique}:"}
+    install(app, threshold=1.0, namespace=f"n-{unique}", **options)
+
+    @app.task(name="t.add", shared=False)
+    def add(x: int, y: int) -> int:
+        return x + y
+
+    return app
+
+
+@pytest.fixture
+def unique() -> str:
+    return uuid.uuid4().hex[:10]
+
+
+@pytest.fixture
+def app(redis_server: EmbeddedRedis, unique: str) -> Iterator[Celery]:
+    app = make_app(redis_server, unique)
+    yield app
+    client = redis_server.client()
+    keys = list(client.scan_iter(f"p{unique}:*")) + list(client.scan_iter(f"delay_broker:{{n-{unique}}}:*"))
+    if keys:
+        client.delete(*keys)
+    app.close()
+
+
+def store_of(app: Celery, server: EmbeddedRedis) -> DelayStore:
+    namespace = app.conf.broker_transport_options["delay_broker"]["namespace"]
+    return DelayStore(server.client(), namespace=namespace)
+
+
+# -- options -----------------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        ({"treshold": 5}, "unknown delay_broker option"),
+        ({"threshold": "60"}, "'threshold' must be a number"),
+        ({"threshold": -1}, "'threshold' must be finite"),
+        ({"threshold": True}, "'threshold' must be a number"),
+        ({"redis_url": "http://x"}, "must start with redis://"),
+        ({"redis_url": "redis://host:99999/0"}, "not a valid URL"),
+        ({"redis_url": "redis://host/abc"}, "database must be a number"),
+        ({"batch": 0}, "'batch' must be an integer"),
+        ({"lease": 0}, "'lease' must be finite and > 0"),
+        ({"namespace": "a{b}"}, "namespace"),
+        ({"queues": "celery"}, "'queues' must be a list"),
+        ({"promoter": "yes"}, "'promoter' must be True or False"),
+        ("threshold=5", "must be a dict"),
+    ],
+)
+def test_bad_options_are_refused_with_a_clear_message(raw: Any, message: str) -> None:
+    with pytest.raises(ConfigurationError, match=message):
+        parse_options(raw)
+
+
+def test_default_thresholds_per_transport() -> None:
+    options = parse_options({})
+    assert (options.threshold_for("sqs"), options.threshold_for("redis"), options.threshold_for("amqp")) == (
+        900,
+        60,
+        60,
+    )
+    assert parse_options({"threshold": 5}).threshold_for("sqs") == 5
+
+
+def test_install_fails_at_once_on_bad_configuration(redis_server: EmbeddedRedis) -> None:
+    app = Celery("bad", broker=redis_server.url, set_as_current=False)
+    with pytest.raises(ConfigurationError, match="unknown delay_broker option"):
+        install(app, thresold=5)
+    amqp_app = Celery("bad2", broker="amqp://guest@127.0.0.1:1//", set_as_current=False)
+    with pytest.raises(ConfigurationError, match="needs a 'redis_url'"):
+        install(amqp_app)
+    assert amqp_app.conf.broker_transport == TRANSPORT_AMQP
+
+
+def test_transport_refuses_bad_options_when_created(redis_server: EmbeddedRedis) -> None:
+    connection = Connection(
+        redis_server.url, transport=TRANSPORT_REDIS, transport_options={"delay_broker": {"threshold": "1h"}}
+    )
+    with pytest.raises(ConfigurationError, match="'threshold' must be a number"):
+        connection.transport  # noqa: B018 - creating the transport is what validates
+
+
+# -- due times ---------------------------------------------------------------------------------------------------
+
+
+def test_naive_eta_is_read_exactly_as_the_worker_reads_it() -> None:
+    naive = "2030-01-01T12:00:00"
+    # What celery.worker.request.Request does with the app timezone (Europe/Berlin here):
+    worker_view = maybe_make_aware(maybe_iso8601(naive), "Europe/Berlin")
+    ours = parse_celery_time(naive)
+    assert ours is not None and ours == worker_view
+    assert ours == datetime(2030, 1, 1, 12, tzinfo=timezone.utc)  # Celery 5 reads naive values as UTC
+    aware = parse_celery_time("2030-01-01T12:00:00+01:00")
+    assert aware == datetime(2030, 1, 1, 11, tzinfo=timezone.utc)
+    assert parse_celery_time("not a date") is None
+
+
+@pytest.mark.parametrize("tz", [None, "Europe/Berlin", "America/New_York"])
+def test_countdown_and_eta_give_the_right_due_time(redis_server: EmbeddedRedis, unique: str, tz: str | None) -> None:
+    app = make_app(redis_server, unique, tz=tz)
+    store = store_of(app, redis_server)
+    try:
+        add = app.tasks["t.add"]
+        before = time.time()
+        by_countdown = add.apply_async((1, 2), countdown=120)
+        eta = datetime.now(timezone.utc) + timedelta(hours=5)
+        by_aware_eta = add.apply_async((1, 2), eta=eta)
+        naive_eta = datetime.now(timezone.utc).replace(microsecond=0, tzinfo=None) + timedelta(days=2)
+        by_naive_eta = add.apply_async((1, 2), eta=naive_eta)
+        by_send_task = app.send_task("t.add", (1, 2), countdown=300)
+        by_signature = add.s(1, 2).set(countdown=600).apply_async()
+        expected = {
+            by_countdown.id: before + 120,
+            by_aware_eta.id: eta.timestamp(),
+            by_naive_eta.id: naive_eta.replace(tzinfo=timezone.utc).timestamp(),
+            by_send_task.id: before + 300,
+            by_signature.id: before + 600,
+        }
+        for task_id, due in expected.items():
+            info = store.get(task_id)
+            assert info is not None and info.state == "due" and info.due_ms is not None, task_id
+            assert abs(info.due_ms / 1000 - due) < 2, (task_id, info.due_ms / 1000 - due)
+        short = add.apply_async((1, 2), countdown=0.5)
+        assert store.get(short.id) is None
+    finally:
+        app.close()
+
+
+# -- parking and promotion on the Redis transport ------------------------------------------------------------------
+
+
+def test_promotion_pushes_exactly_the_published_message(app: Celery, redis_server: EmbeddedRedis, unique: str) -> None:
+    store = store_of(app, redis_server)
+    client = redis_server.client()
+    low = app.tasks["t.add"].apply_async((1, 2), countdown=60)
+    high = app.tasks["t.add"].apply_async((3, 4), countdown=60, priority=7)
+    queue = f"p{unique}:q-{unique}"
+    assert client.llen(queue) == 0
+    stored = {task_id: store.get(task_id) for task_id in (low.id, high.id)}
+    assert store.reschedule(low.id, delay=0) is not None and store.reschedule(high.id, delay=0) is not None
+    promoter = build_promoter(app)
+    promoter.step()
+    assert client.lrange(queue, 0, -1) == [stored[low.id].envelope.payload]  # type: ignore[union-attr]
+    assert client.lrange(f"{queue}\x06\x166", 0, -1) == [stored[high.id].envelope.payload]  # type: ignore[union-attr]
+
+
+def test_undeclared_route_is_dead_lettered(app: Celery, redis_server: EmbeddedRedis, unique: str) -> None:
+    store = store_of(app, redis_server)
+    store.park("crafted", Envelope(route="elsewhere", payload=b"{}", framework="celery"), delay=0)
+    build_promoter(app).step()
+    info = store.get("crafted")
+    assert info is not None and info.state == "dead"
+    assert not redis_server.client().exists("elsewhere", f"p{unique}:elsewhere")
+
+
+def test_cancel_and_revoke_remove_parked_tasks(app: Celery, redis_server: EmbeddedRedis) -> None:
+    store = store_of(app, redis_server)
+    add = app.tasks["t.add"]
+    one, two, three = (add.apply_async((1, 2), countdown=60) for _ in range(3))
+    assert cancel(app, one.id) is True and cancel(app, one.id) is False
+    app.control.revoke(two.id)
+    three.revoke()
+    assert store.get(one.id) is None and store.get(two.id) is None and store.get(three.id) is None
+
+
+def test_revoke_of_some_workers_only_keeps_the_task_parked(app: Celery, redis_server: EmbeddedRedis) -> None:
+    store = store_of(app, redis_server)
+    task = app.tasks["t.add"].apply_async((1, 2), countdown=60)
+    app.control.revoke(task.id, destination=["someone@host"])
+    assert store.get(task.id) is not None
+
+
+def test_disabled_adapter_leaves_celery_alone(redis_server: EmbeddedRedis, unique: str) -> None:
+    app = make_app(redis_server, unique, enabled=False)
+    try:
+        task = app.tasks["t.add"].apply_async((1, 2), countdown=60)
+        assert store_of(app, redis_server).get(task.id) is None
+        assert redis.Redis.from_url(redis_server.url).llen(f"p{unique}:q-{unique}") == 1
+    finally:
+        client = redis_server.client()
+        client.delete(*client.scan_iter(f"p{unique}:*"))
+        app.close()
