@@ -1,101 +1,32 @@
-"""The ``delay-broker`` command."""
+"""The ``delay-broker`` command: entry point and the helpers that do not need the ``cli`` extra.
+
+The commands themselves are in :mod:`delay_broker.cli_commands` (they need click and rich). This module
+imports without them, because the Celery adapter's ``celery delay-broker`` command uses
+:func:`run_until_signalled` from here.
+"""
 
 from __future__ import annotations
 
+import logging
 import sys
 from typing import Any
 
 try:
     import click
-    from rich.console import Console
-    from rich.table import Table
+    import rich  # noqa: F401  (only checked for here; cli_commands uses it)
 except ImportError:  # pragma: no cover - depends on the install
     click = None  # type: ignore[assignment]
+
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
 
 def main() -> None:
     if click is None:
         sys.exit("delay-broker: the command needs the 'cli' extra: pip install 'delay-broker[cli]'")
+    from .cli_commands import cli
+
     cli()
-
-
-if click is not None:
-
-    @click.group(context_settings={"help_option_names": ["-h", "--help"]})
-    def cli() -> None:
-        """Park long-delayed Dramatiq and Celery messages in Redis and promote them when due."""
-
-    @cli.command()
-    @click.option("--redis-url", envvar="DELAY_BROKER_REDIS_URL", help="Use this Redis instead of a private one.")
-    @click.option("--messages", default=3000, show_default=True, help="How many messages to park.")
-    @click.option("--seconds", default=3.0, show_default=True, help="Spread of due times from now.")
-    @click.option("--promoters", default=2, show_default=True, help="Promoter threads running at once.")
-    def demo(redis_url: str | None, messages: int, seconds: float, promoters: int) -> None:
-        """Park messages, promote them when due, and count duplicates, losses and lateness.
-
-        Without --redis-url it starts a private redis-server on a free port in a temporary directory.
-        """
-        from .demo import run_list_demo
-        from .embedded import EmbeddedRedis
-
-        console = Console()
-        server = None if redis_url else EmbeddedRedis().start()
-        try:
-            import redis
-
-            client = redis.Redis.from_url(redis_url) if redis_url else server.client()  # type: ignore[union-attr]
-            where = redis_url or f"private redis-server on port {server.port}"  # type: ignore[union-attr]
-            console.print(f"Parking {messages} messages due over {seconds:.0f} s on {where} ...")
-            report = run_list_demo(client, messages=messages, spread=seconds, promoters=promoters)
-        finally:
-            if server is not None:
-                server.close()
-        table = Table(title="delay-broker demo")
-        table.add_column("measure")
-        table.add_column("value", justify="right")
-        for name, value in report.rows():
-            table.add_row(name, value)
-        console.print(table)
-        if report.duplicates or report.lost:
-            sys.exit(1)
-
-
-if click is not None:
-
-    @cli.command()
-    @click.option("--dramatiq", "dramatiq_broker", metavar="MODULE:BROKER", help="Promote for this Dramatiq broker.")
-    @click.option("--celery", "celery_app", metavar="MODULE:APP", help="Promote for this Celery app.")
-    @click.option("--batch", type=click.IntRange(1, 1000), default=None, help="Messages per claim (1-1000).")
-    @click.option("--lease", type=click.FloatRange(min=1), default=None, help="Seconds a claimed message is held.")
-    @click.option("--max-idle", type=click.FloatRange(min=0.1), default=None, help="Longest sleep in seconds.")
-    def promote(
-        dramatiq_broker: str | None,
-        celery_app: str | None,
-        batch: int | None,
-        lease: float | None,
-        max_idle: float | None,
-    ) -> None:
-        """Run a standalone promoter until interrupted (Ctrl-C / SIGTERM stop it gracefully).
-
-        Give the application to promote for, as an importable MODULE:NAME; the promoter uses that app's own
-        delay_broker settings (Redis, namespace) and delivers into its queues.
-        """
-        if (dramatiq_broker is None) == (celery_app is None):
-            raise click.UsageError("give exactly one of --dramatiq MODULE:BROKER and --celery MODULE:APP")
-        overrides = {
-            name: value
-            for name, value in (("batch", batch), ("lease", lease), ("max_idle", max_idle))
-            if value is not None
-        }
-        if dramatiq_broker is not None:
-            from . import dramatiq as adapter
-
-            promoter = adapter.build_promoter(import_object(dramatiq_broker), **overrides)
-        else:
-            from . import celery as celery_adapter
-
-            promoter = celery_adapter.build_promoter(import_object(celery_app or ""), **overrides)
-        run_until_signalled(promoter)
 
 
 def import_object(path: str) -> Any:
@@ -116,16 +47,40 @@ def import_object(path: str) -> Any:
         raise SystemExit(f"delay-broker: {module_name!r} has no attribute {attribute!r}") from None
 
 
-def run_until_signalled(promoter: Any) -> None:
-    """Run a promoter in this thread; SIGINT and SIGTERM stop it after the batch in hand."""
-    import logging
+def configure_logging(level: str | int = "INFO") -> None:
+    """Log to stderr (if the application has not set logging up) and put the ``delay_broker`` logger at
+    ``level``: promoter start/stop, Redis lost/regained and dead letters are INFO and WARNING lines."""
+    numeric = logging.getLevelName(level.upper()) if isinstance(level, str) else level
+    if not isinstance(numeric, int):
+        raise ValueError(f"unknown log level {level!r}")
+    logging.basicConfig(level=numeric, format=LOG_FORMAT)
+    logging.getLogger("delay_broker").setLevel(numeric)
+
+
+def run_until_signalled(promoter: Any, *, log_level: str | int | None = "INFO") -> None:
+    """Run a promoter in this thread; SIGINT and SIGTERM stop it after the batch in hand.
+
+    ``log_level=None`` leaves logging as the caller set it up. The previous signal handlers are put back
+    when the promoter has stopped.
+    """
     import signal
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if log_level is not None:
+        configure_logging(log_level)
 
     def stop(signum: int, frame: Any) -> None:
         promoter.request_stop()
 
-    signal.signal(signal.SIGINT, stop)
-    signal.signal(signal.SIGTERM, stop)
-    promoter.run()
+    previous = {signum: signal.signal(signum, stop) for signum in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        promoter.run()
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+if click is not None:
+    # Re-exported: ``delay_broker.cli.cli`` is the click group.
+    from .cli_commands import cli
+
+__all__ = ["cli", "configure_logging", "import_object", "main", "run_until_signalled"]

@@ -200,6 +200,13 @@ class Promoter:
         if isinstance(self.deliverer, DirectDeliverer):
             result = self.store.promote_direct(self.deliverer.direct_routes(), self.batch, self.id)
             self._promoted(result.lateness_ms, result.dead_lettered)
+            if result.dead_lettered:
+                logger.warning(
+                    "Promoter %s: dead-lettered %d message(s): unknown route or corrupt envelope (see: delay-broker "
+                    "dead ls).",
+                    self.id,
+                    result.dead_lettered,
+                )
             full = result.promoted + result.dead_lettered >= self.batch
             return full, _seconds_until(result.next_due_ms, result.now_ms, self.max_idle)
         claim = self.store.claim(self.batch, self.lease, self.id)

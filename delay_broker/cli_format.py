@@ -1,0 +1,307 @@
+"""Parsing and presentation helpers of the ``delay-broker`` command (no click or rich in here).
+
+Everything read from Redis is untrusted: payloads are decoded as JSON or text only (never unpickled or
+evaluated), and every string meant for a terminal goes through :func:`printable` so that a crafted id or
+payload cannot send escape sequences to the operator's terminal.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import math
+import re
+from datetime import datetime, timezone
+from typing import Any
+
+from .envelope import Envelope
+from .store import DelayStore, MessageInfo, StoreStats
+
+_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
+_DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|w)?", re.IGNORECASE)
+
+HISTOGRAM_LABELS = ("overdue", "within 1 minute", "1 minute to 1 hour", "1 hour to 1 day", "later")
+HISTOGRAM_KEYS = ("overdue", "next_minute", "next_hour", "next_day", "later")
+
+PREVIEW_BYTES = 4096
+"""Binary payloads are shown escaped up to this many bytes (JSON output also carries them in base64)."""
+
+_JSON_CONTENT_TYPES = ("application/json",)
+_PICKLE_CONTENT_TYPES = ("application/x-python-serialize",)
+
+
+# -- durations and times -----------------------------------------------------------------------------------
+
+
+def parse_duration(text: str) -> float:
+    """Seconds in ``text``: ``90``, ``90s``, ``5m``, ``2h``, ``3d``, ``1w``, ``250ms`` or sums like ``1h30m``.
+
+    Raises ValueError with a message fit for a user.
+    """
+    cleaned = text.strip()
+    if not cleaned:
+        raise ValueError("empty duration")
+    position, total = 0, 0.0
+    while position < len(cleaned):
+        match = _DURATION_PART.match(cleaned, position)
+        if match is None:
+            raise ValueError(f"cannot read duration {text!r}: use e.g. 30s, 5m, 2h, 3d, 1w or 1h30m")
+        unit = (match.group(2) or "s").lower()
+        total += float(match.group(1)) * _UNITS[unit]
+        position = match.end()
+        while position < len(cleaned) and cleaned[position] == " ":
+            position += 1
+    if not math.isfinite(total):
+        raise ValueError(f"duration {text!r} is too large")
+    return total
+
+
+def parse_iso(text: str) -> datetime:
+    """An ISO 8601 date or date-time; without a zone it is taken as UTC. Always returns an aware datetime."""
+    cleaned = text.strip()
+    if cleaned.endswith(("Z", "z")):
+        cleaned = cleaned[:-1] + "+00:00"
+    try:
+        parsed = datetime.fromisoformat(cleaned)
+    except ValueError:
+        raise ValueError(f"cannot read time {text!r}: use ISO 8601 like 2030-01-31T12:00:00Z") from None
+    if parsed.tzinfo is None or parsed.tzinfo.utcoffset(parsed) is None:
+        parsed = parsed.replace(tzinfo=timezone.utc)
+    return parsed
+
+
+def parse_when(text: str, now_ms: int) -> int:
+    """A point in time, as epoch ms: ``now``, relative to ``now_ms`` (``5m``, ``+2h``, ``-1d``: in the past)
+    or an ISO 8601 time (UTC unless it says otherwise)."""
+    cleaned = text.strip()
+    if cleaned.lower() == "now":
+        return now_ms
+    sign = 1
+    body = cleaned
+    if body[:1] in "+-" and body[1:2].isdigit():
+        sign, body = (-1 if body[0] == "-" else 1), body[1:]
+    if body[:1].isdigit() and not re.match(r"\d{4}-\d{2}", body):
+        try:
+            return now_ms + sign * round(parse_duration(body) * 1000)
+        except ValueError:
+            pass
+    return math.ceil(parse_iso(cleaned).timestamp() * 1000)
+
+
+def format_time(ms: int | None) -> str:
+    """``2030-01-31 12:00:00.250Z`` (UTC), or ``-``."""
+    if ms is None:
+        return "-"
+    moment = datetime.fromtimestamp(ms / 1000, tz=timezone.utc)
+    text = moment.strftime("%Y-%m-%d %H:%M:%S")
+    if ms % 1000:
+        text += f".{ms % 1000:03d}"
+    return text + "Z"
+
+
+def iso_time(ms: int | None) -> str | None:
+    """ISO 8601 with milliseconds and a ``Z`` (for JSON output), or None."""
+    if ms is None:
+        return None
+    moment = datetime.fromtimestamp(ms / 1000, tz=timezone.utc)
+    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def format_span(ms: int) -> str:
+    """A duration for humans, rounded to what it shows: ``850ms``, ``42s``, ``5m 3s``, ``2h 10m``, ``3d 4h``."""
+    ms = abs(int(ms))
+    if ms < 1000:
+        return f"{ms}ms"
+    seconds = round(ms / 1000)
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        minutes, seconds = divmod(seconds, 60)
+        return f"{minutes}m {seconds}s" if seconds else f"{minutes}m"
+    minutes = round(ms / 60_000)
+    if minutes < 1440:
+        hours, minutes = divmod(minutes, 60)
+        return f"{hours}h {minutes}m" if minutes else f"{hours}h"
+    days, hours = divmod(round(ms / 3_600_000), 24)
+    return f"{days}d {hours}h" if hours else f"{days}d"
+
+
+def format_relative(ms: int | None, now_ms: int) -> str:
+    """``in 5m 3s``, ``3s ago`` or ``now`` (relative to the Redis clock's ``now_ms``)."""
+    if ms is None:
+        return "-"
+    delta = ms - now_ms
+    if abs(delta) < 1000:
+        return "now"
+    return f"in {format_span(delta)}" if delta > 0 else f"{format_span(delta)} ago"
+
+
+# -- terminal safety -----------------------------------------------------------------------------------------
+
+
+def printable(text: str, *, keep_newlines: bool = False) -> str:
+    """``text`` with control and other non-printable characters escaped (``\\x1b``, ``\\u202e``)."""
+    out = []
+    for char in text:
+        if char.isprintable() or (keep_newlines and char in "\n\t"):
+            out.append(char)
+        else:
+            code = ord(char)
+            out.append(f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}")
+    return "".join(out)
+
+
+def escape_bytes(data: bytes, limit: int = PREVIEW_BYTES) -> str:
+    """Bytes as text with everything but printable ASCII escaped; cut at ``limit`` bytes with a marker."""
+    shown = data[:limit]
+    text = "".join(chr(b) if 0x20 <= b < 0x7F or b in (0x0A,) else f"\\x{b:02x}" for b in shown)
+    if len(data) > limit:
+        text += f"... ({len(data) - limit} more bytes)"
+    return text
+
+
+# -- payloads ---------------------------------------------------------------------------------------------------
+
+
+def decode_payload(framework: str, payload: bytes) -> dict[str, Any]:
+    """What a payload holds, decoded as far as is safe.
+
+    Returns ``{"format": "json", "message": ...}`` for JSON (Dramatiq messages; Celery messages as kombu
+    published them, with ``"body"`` decoded next to them when it is base64 and/or JSON), ``{"format":
+    "text", "text": ...}`` for other UTF-8, or ``{"format": "binary", "escaped": ..., "base64": ...}``.
+    Nothing is ever unpickled or evaluated.
+    """
+    result: dict[str, Any] = {"size": len(payload)}
+    try:
+        text = payload.decode("utf-8")
+    except UnicodeDecodeError:
+        result.update(format="binary", escaped=escape_bytes(payload), base64=base64.b64encode(payload).decode())
+        return result
+    try:
+        message = json.loads(text)
+    except ValueError:
+        result.update(format="text", text=text)
+        return result
+    result.update(format="json", message=message)
+    if framework == "celery" and isinstance(message, dict) and isinstance(message.get("body"), str):
+        result["body"] = decode_celery_body(message)
+    return result
+
+
+def decode_celery_body(message: dict[str, Any]) -> dict[str, Any]:
+    """Decode the ``body`` of a stored Celery message (kombu virtual-transport dict or AMQP record).
+
+    The body is base64 when ``properties.body_encoding`` says so (Redis and SQS transports) and always for
+    AMQP records (which carry ``exchange`` and ``routing_key``). JSON bodies are parsed (protocol 2 tasks:
+    ``[args, kwargs, embed]``); pickled bodies are left alone.
+    """
+    body: str = message["body"]
+    properties = message.get("properties") if isinstance(message.get("properties"), dict) else {}
+    assert isinstance(properties, dict)
+    is_amqp_record = "exchange" in message and "routing_key" in message
+    content_type = message.get("content-type") or properties.get("content_type")
+    content_encoding = message.get("content-encoding") or properties.get("content_encoding") or "utf-8"
+    raw: bytes
+    if is_amqp_record or properties.get("body_encoding") == "base64":
+        try:
+            raw = base64.b64decode(body, validate=True)
+        except (binascii.Error, ValueError):
+            return {"format": "text", "content_type": content_type, "text": body, "note": "body is not valid base64"}
+    else:
+        raw = body.encode("utf-8")
+    described: dict[str, Any] = {"content_type": content_type, "size": len(raw)}
+    if isinstance(content_type, str) and content_type in _PICKLE_CONTENT_TYPES:
+        described.update(format="binary", escaped=escape_bytes(raw), note="pickled body: not decoded")
+        return described
+    try:
+        decoded = raw.decode(str(content_encoding))
+    except (LookupError, UnicodeDecodeError):
+        described.update(format="binary", escaped=escape_bytes(raw))
+        return described
+    if content_type in _JSON_CONTENT_TYPES or content_type is None:
+        try:
+            described.update(format="json", value=json.loads(decoded))
+            return described
+        except ValueError:
+            pass
+    described.update(format="text", text=decoded)
+    return described
+
+
+# -- records for --json -------------------------------------------------------------------------------------------
+
+
+def envelope_record(envelope: Envelope) -> dict[str, Any]:
+    return {
+        "framework": envelope.framework,
+        "route": envelope.route,
+        "name": envelope.name,
+        "hash_field": envelope.hash_field,
+        "parked_at_ms": envelope.parked_at_ms or None,
+        "parked_at": iso_time(envelope.parked_at_ms or None),
+        "extra": envelope.extra,
+    }
+
+
+def message_record(info: MessageInfo, *, with_payload: bool = False) -> dict[str, Any]:
+    """A message as a JSON-ready dict (``with_payload``: the decoded payload and its base64 too)."""
+    envelope = info.envelope
+    record: dict[str, Any] = {
+        "id": info.id,
+        "state": info.state,
+        "due_ms": info.due_ms,
+        "due": iso_time(info.due_ms),
+        "lease_deadline_ms": info.at_ms if info.state == "inflight" else None,
+        "dead_lettered_at_ms": info.at_ms if info.state == "dead" else None,
+        "attempts": info.attempts,
+        "error": info.error,
+        "framework": envelope.framework if envelope else None,
+        "route": envelope.route if envelope else None,
+        "name": envelope.name if envelope else None,
+    }
+    if with_payload:
+        record["envelope"] = envelope_record(envelope) if envelope else None
+        if envelope is not None:
+            record["payload"] = decode_payload(envelope.framework, envelope.payload)
+            record["payload_base64"] = base64.b64encode(envelope.payload).decode()
+        else:
+            record["corrupt_envelope"] = True
+            record["raw_base64"] = base64.b64encode(info.raw or b"").decode()
+    return record
+
+
+def histogram_rows(stats: StoreStats) -> list[tuple[str, str, int]]:
+    """``(key, label, count)`` per due-time bucket: overdue, then :attr:`DelayStore.HISTOGRAM_EDGES`, later."""
+    counts = [stats.overdue, *stats.histogram]
+    if len(counts) != len(HISTOGRAM_KEYS) or len(DelayStore.HISTOGRAM_EDGES) != 3:
+        # The store's buckets changed: fall back to generic labels rather than mislabel them.
+        return [(f"bucket_{n}", f"bucket {n}", count) for n, count in enumerate(counts)]
+    return [(key, label, count) for key, label, count in zip(HISTOGRAM_KEYS, HISTOGRAM_LABELS, counts, strict=True)]
+
+
+def stats_record(stats: StoreStats, namespace: str) -> dict[str, Any]:
+    return {
+        "namespace": namespace,
+        "now_ms": stats.now_ms,
+        "now": iso_time(stats.now_ms),
+        "parked": stats.parked,
+        "inflight": stats.inflight,
+        "dead": stats.dead,
+        "overdue": stats.overdue,
+        "oldest_overdue_age_ms": stats.oldest_overdue_age_ms,
+        "next_due_ms": stats.next_due_ms,
+        "next_due": iso_time(stats.next_due_ms),
+        "live_promoters": stats.live_promoters,
+        "counters": dict(sorted(stats.counters.items())),
+        "histogram": {key: count for key, _, count in histogram_rows(stats)},
+    }
+
+
+def bar(count: int, largest: int, width: int = 40) -> str:
+    """A bar of ``width`` cells at most, scaled to ``largest``; any non-zero count gets at least a sliver."""
+    if count <= 0 or largest <= 0:
+        return ""
+    eighths = max(1, round(count / largest * width * 8))
+    full, rest = divmod(eighths, 8)
+    return "█" * full + ("", "▏", "▎", "▍", "▌", "▋", "▊", "▉")[rest]

@@ -1,0 +1,584 @@
+"""The ``delay-broker`` command against a real redis-server: parked, in-flight and dead messages of both
+frameworks, human and ``--json`` output, confirmations of destructive commands, and the promote command."""
+
+from __future__ import annotations
+
+import base64
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import urllib.request
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+import pytest
+from click.testing import CliRunner, Result
+
+from delay_broker import DelayStore, Envelope, ListTarget, Promoter
+from delay_broker import cli_commands as commands
+from delay_broker.cli import cli
+from delay_broker.cli_format import (
+    bar,
+    decode_payload,
+    format_relative,
+    format_span,
+    parse_duration,
+    parse_iso,
+    parse_when,
+    printable,
+)
+from delay_broker.deliverers import DirectLists
+from delay_broker.embedded import EmbeddedRedis, free_port
+
+from .helpers import wait_for
+
+# -- messages as the two adapters park them ------------------------------------------------------------------------
+
+
+def dramatiq_envelope(actor: str, message_id: str, queue: str = "default") -> Envelope:
+    """A Dramatiq message as the DelayMiddleware parks it: the JSON message, queue as route."""
+    message = {
+        "queue_name": queue,
+        "actor_name": actor,
+        "args": [42, "hello"],
+        "kwargs": {"to": "ops@example.com"},
+        "options": {"redis_message_id": f"rid-{message_id}"},
+        "message_id": message_id,
+        "message_timestamp": 1_700_000_000_000,
+    }
+    return Envelope(
+        route=queue,
+        payload=json.dumps(message).encode(),
+        framework="dramatiq",
+        name=actor,
+        hash_field=f"rid-{message_id}",
+    )
+
+
+def celery_envelope(task: str, task_id: str, queue: str = "celery") -> Envelope:
+    """A Celery task as the Redis transport publishes it (kombu's virtual message, base64 body)."""
+    body = json.dumps([[2, 3], {"retry": True}, {"callbacks": None, "errbacks": None, "chain": None}])
+    message = {
+        "body": base64.b64encode(body.encode()).decode(),
+        "content-encoding": "utf-8",
+        "content-type": "application/json",
+        "headers": {"lang": "py", "task": task, "id": task_id, "eta": "2030-01-01T00:00:00+00:00"},
+        "properties": {
+            "correlation_id": task_id,
+            "delivery_mode": 2,
+            "delivery_info": {"exchange": "", "routing_key": queue},
+            "priority": 0,
+            "body_encoding": "base64",
+            "delivery_tag": "0d5c6d1e-tag",
+        },
+    }
+    return Envelope(route=queue, payload=json.dumps(message).encode(), framework="celery", name=task)
+
+
+def celery_amqp_envelope(task: str, task_id: str) -> Envelope:
+    """A Celery task as the AMQP transport keeps it: body (base64) + properties + exchange + routing key."""
+    body = json.dumps([[1], {}, {}]).encode()
+    record = {
+        "body": base64.b64encode(body).decode(),
+        "properties": {
+            "content_type": "application/json",
+            "content_encoding": "utf-8",
+            "application_headers": {"task": task, "id": task_id},
+        },
+        "exchange": "",
+        "routing_key": "celery",
+    }
+    return Envelope(route="celery", payload=json.dumps(record).encode(), framework="celery", name=task)
+
+
+def populate(store: DelayStore) -> dict[str, str]:
+    """Parked (future and overdue), in-flight and dead messages of both frameworks. Returns id -> state."""
+    past = datetime.now(timezone.utc) - timedelta(minutes=5)
+    # In flight: claimed by a promoter that has not acknowledged them.
+    store.park("dq-inflight", dramatiq_envelope("send_email", "dq-inflight"), due=past)
+    store.park("cl-inflight", celery_envelope("tasks.add", "cl-inflight"), due=past)
+    claim = store.claim(10, 60, "cli-test-promoter")
+    assert {m.id for m in claim.messages} == {"dq-inflight", "cl-inflight"}
+    # Dead: claimed, then refused.
+    store.park("dq-dead", dramatiq_envelope("charge_card", "dq-dead", queue="payments"), due=past)
+    store.park("cl-dead", celery_amqp_envelope("tasks.report", "cl-dead"), due=past)
+    dead = store.claim(10, 60, "cli-test-promoter")
+    outcomes = store.nack(
+        dead.lease_deadline_ms,
+        [(m.id, f"delivery refused: no queue for {m.id}", "dead") for m in dead.messages],
+    )
+    assert outcomes == ["dead", "dead"]
+    # Parked: overdue (nobody promotes this namespace) and due later.
+    store.park("dq-overdue", dramatiq_envelope("send_email", "dq-overdue"), due=past)
+    store.park("dq-soon", dramatiq_envelope("send_email", "dq-soon"), delay=30)
+    store.park("cl-hour", celery_envelope("tasks.add", "cl-hour"), delay=2 * 3600)
+    store.park("cl-later", celery_envelope("tasks.add", "cl-later", queue="reports"), delay=3 * 86400)
+    store.park(
+        "raw-binary", Envelope(route="bin", payload=b"\x80\x04\x95pickle\x1b[31m", framework="dramatiq"), delay=600
+    )
+    return {
+        "dq-inflight": "inflight",
+        "cl-inflight": "inflight",
+        "dq-dead": "dead",
+        "cl-dead": "dead",
+        "dq-overdue": "due",
+        "dq-soon": "due",
+        "cl-hour": "due",
+        "cl-later": "due",
+        "raw-binary": "due",
+    }
+
+
+@pytest.fixture
+def populated(store: DelayStore) -> dict[str, str]:
+    return populate(store)
+
+
+@pytest.fixture
+def run(redis_server: EmbeddedRedis, namespace: str) -> Any:
+    """Invoke ``delay-broker ARGS`` in-process, with the Redis URL and namespace from the environment."""
+    runner = CliRunner()
+
+    def invoke(*args: str, input: str | None = None, env: dict[str, str] | None = None) -> Result:
+        environment = {"DELAY_BROKER_REDIS_URL": redis_server.url, "DELAY_BROKER_NAMESPACE": namespace}
+        environment.update(env or {})
+        return runner.invoke(cli, list(args), input=input, env=environment, catch_exceptions=False)
+
+    return invoke
+
+
+def as_json(result: Result) -> Any:
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
+# -- help ----------------------------------------------------------------------------------------------------------
+
+
+def test_group_help_points_a_new_user_at_stats_and_dead_requeue(run):
+    result = run("--help")
+    assert result.exit_code == 0
+    for expected in ("stats", "dead requeue", "DELAY_BROKER_REDIS_URL", "--namespace", "--json", "promote"):
+        assert expected in result.output
+    commands_section = result.output.split("Commands:")[1]
+    assert commands_section.index("stats") < commands_section.index("ls")  # most used first, not alphabetical
+    dead_help = run("dead", "--help").output
+    assert "requeue" in dead_help and "purge" in dead_help
+    requeue_help = run("dead", "requeue", "--help").output
+    assert "--all" in requeue_help and "--yes" in requeue_help and "--redis-url" in requeue_help
+    for command in (["stats"], ["ls"], ["show"], ["cancel"], ["reschedule"], ["dead", "ls"], ["promote"], ["metrics"]):
+        text = run(*command, "--help").output
+        assert "Usage: " in text and len(text.splitlines()) > 5, command
+
+
+def test_a_missing_redis_url_is_a_clear_usage_error(namespace):
+    result = CliRunner().invoke(cli, ["stats"], env={"DELAY_BROKER_REDIS_URL": ""})
+    assert result.exit_code == 2
+    assert "--redis-url" in result.output and "DELAY_BROKER_REDIS_URL" in result.output
+
+
+def test_an_unreachable_redis_is_one_line_not_a_traceback(namespace):
+    url = f"redis://127.0.0.1:{free_port()}/0"
+    result = CliRunner().invoke(cli, ["stats", "--redis-url", url, "-n", namespace])
+    assert result.exit_code == 1
+    assert "Error:" in result.output and "Traceback" not in result.output
+
+
+def test_a_bad_namespace_is_a_usage_error(redis_server):
+    result = CliRunner().invoke(cli, ["stats", "--redis-url", redis_server.url, "--namespace", "a{b}"])
+    assert result.exit_code == 2 and "namespace" in result.output
+
+
+# -- stats ---------------------------------------------------------------------------------------------------------
+
+
+def test_stats_json_counts_every_state_and_buckets_parked_by_due_time(run, populated):
+    data = as_json(run("stats", "--json"))
+    assert (data["parked"], data["inflight"], data["dead"], data["overdue"]) == (5, 2, 2, 1)
+    assert data["histogram"] == {"overdue": 1, "next_minute": 1, "next_hour": 1, "next_day": 1, "later": 1}
+    assert 4 * 60_000 < data["oldest_overdue_age_ms"] < 10 * 60_000
+    assert data["live_promoters"] == 1  # the test's claims left a heartbeat
+    assert data["counters"]["parked"] == 9 and data["counters"]["dead_lettered"] == 2
+    assert data["next_due"].endswith("Z") and data["next_due_ms"] < data["now_ms"]
+
+
+def test_stats_table_shows_counts_and_a_histogram_with_bars(run, populated, redis_server, namespace):
+    # Also with the options instead of the environment.
+    result = run("stats", "--redis-url", redis_server.url, "--namespace", namespace, env={"DELAY_BROKER_REDIS_URL": ""})
+    assert result.exit_code == 0, result.output
+    out = result.output
+    assert namespace in out
+    rows: dict[str, str] = {}
+    for line in out.splitlines():
+        if line.count("│") >= 3:  # the first table (the counters table repeats "parked")
+            rows.setdefault(line.split("│")[1].strip(), line.split("│")[2].strip())
+    assert (rows["parked"], rows["in flight"], rows["dead"], rows["overdue"], rows["live promoters"]) == (
+        "5",
+        "2",
+        "2",
+        "1",
+        "1",
+    )
+    assert "delay-broker dead ls" in out
+    for label in ("overdue", "within 1 minute", "1 minute to 1 hour", "1 hour to 1 day", "later"):
+        line = next(line for line in out.splitlines() if label in line and "█" in line)
+        assert " 1 " in line
+    assert rows["oldest overdue age"].startswith(("4m", "5m")) and rows["parked"] == "5"
+
+
+def test_stats_of_an_empty_namespace_warns_of_no_promoter_only_when_needed(run):
+    result = run("stats")
+    assert result.exit_code == 0
+    assert "nothing parked" in result.output
+    assert as_json(run("stats", "--json"))["parked"] == 0
+
+
+# -- ls ------------------------------------------------------------------------------------------------------------
+
+
+def test_ls_lists_parked_messages_by_due_time_with_framework_queue_name_attempts(run, populated):
+    result = run("ls")
+    assert result.exit_code == 0, result.output
+    lines = [line for line in result.output.splitlines() if "│" in line]
+    ids = [line.split("│")[1].strip() for line in lines]
+    assert ids == ["dq-overdue", "dq-soon", "raw-binary", "cl-hour", "cl-later"]
+    header = next(line for line in result.output.splitlines() if "┃" in line)
+    for column in ("id", "due", "framework", "queue", "name", "attempts"):
+        assert column in header
+    cl_later = next(line for line in lines if "cl-later" in line)
+    assert "celery" in cl_later and "reports" in cl_later and "tasks.add" in cl_later and "in 3d" in cl_later
+    assert "ago" in next(line for line in lines if "dq-overdue" in line)
+    assert "\x1b" not in result.output
+
+
+def test_ls_json_pages_and_filters_by_due_range(run, populated):
+    first = as_json(run("ls", "--json", "--limit", "2"))
+    assert [m["id"] for m in first["messages"]] == ["dq-overdue", "dq-soon"]
+    assert first["next_offset"] == 2
+    message = first["messages"][1]
+    assert message["framework"] == "dramatiq" and message["route"] == "default" and message["name"] == "send_email"
+    assert message["state"] == "due" and message["attempts"] == 0 and message["due"].endswith("Z")
+    second = as_json(run("ls", "--json", "--limit", "2", "--offset", "2"))
+    assert [m["id"] for m in second["messages"]] == ["raw-binary", "cl-hour"]
+    last = as_json(run("ls", "--json", "--limit", "2", "--offset", "4"))
+    assert [m["id"] for m in last["messages"]] == ["cl-later"] and last["next_offset"] is None
+    # Relative ranges, on the Redis clock.
+    within_hour = as_json(run("ls", "--json", "--from", "now", "--to", "1h"))
+    assert [m["id"] for m in within_hour["messages"]] == ["dq-soon", "raw-binary"]
+    overdue = as_json(run("ls", "--json", "--to", "now"))
+    assert [m["id"] for m in overdue["messages"]] == ["dq-overdue"]
+    later = as_json(run("ls", "--json", "--from", "1d"))
+    assert [m["id"] for m in later["messages"]] == ["cl-later"]
+    # ISO bounds.
+    tomorrow = (datetime.now(timezone.utc) + timedelta(days=1)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    iso = as_json(run("ls", "--json", "--from", "-1h", "--to", tomorrow))
+    assert [m["id"] for m in iso["messages"]] == ["dq-overdue", "dq-soon", "raw-binary", "cl-hour"]
+
+
+def test_ls_inflight_and_dead(run, populated):
+    inflight = as_json(run("ls", "inflight", "--json"))
+    assert {m["id"] for m in inflight["messages"]} == {"dq-inflight", "cl-inflight"}
+    assert all(m["lease_deadline_ms"] and m["state"] == "inflight" for m in inflight["messages"])
+    table = run("ls", "inflight").output
+    assert "lease until" in table and "dq-inflight" in table and "cl-inflight" in table
+    dead = as_json(run("ls", "dead", "--json"))
+    by_id = {m["id"]: m for m in dead["messages"]}
+    assert set(by_id) == {"dq-dead", "cl-dead"}
+    assert by_id["dq-dead"]["error"].startswith("delivery refused: no queue for dq-dead")
+    assert by_id["dq-dead"]["route"] == "payments" and by_id["cl-dead"]["name"] == "tasks.report"
+
+
+def test_ls_refuses_a_bad_range_and_says_when_empty(run, populated):
+    bad = run("ls", "--from", "yesterday-ish")
+    assert bad.exit_code == 2 and "cannot read" in bad.output
+    backwards = run("ls", "--from", "2h", "--to", "1h")
+    assert backwards.exit_code == 2
+    empty = run("ls", "--from", "30d")
+    assert empty.exit_code == 0 and "No parked messages in that range" in empty.output
+
+
+# -- show ----------------------------------------------------------------------------------------------------------
+
+
+def test_show_decodes_a_dramatiq_message(run, populated):
+    data = as_json(run("show", "dq-soon", "--json"))
+    assert data["state"] == "due" and data["envelope"]["framework"] == "dramatiq"
+    assert data["envelope"]["hash_field"] == "rid-dq-soon"
+    assert data["payload"]["format"] == "json"
+    assert data["payload"]["message"]["actor_name"] == "send_email"
+    assert data["payload"]["message"]["kwargs"] == {"to": "ops@example.com"}
+    assert json.loads(base64.b64decode(data["payload_base64"]))["message_id"] == "dq-soon"
+    text = run("show", "dq-soon").output
+    assert "send_email" in text and '"actor_name"' in text and "ops@example.com" in text and "in " in text
+
+
+def test_show_decodes_a_celery_message_and_its_base64_body(run, populated):
+    data = as_json(run("show", "cl-hour", "--json"))
+    payload = data["payload"]
+    assert payload["message"]["headers"]["task"] == "tasks.add"
+    assert payload["body"]["format"] == "json"
+    assert payload["body"]["value"][0] == [2, 3] and payload["body"]["value"][1] == {"retry": True}
+    text = run("show", "cl-hour").output
+    assert "Celery message body, decoded (application/json)" in text and '"retry": true' in text
+
+
+def test_show_in_flight_and_dead_messages(run, populated):
+    inflight = as_json(run("show", "cl-inflight", "--json"))
+    assert inflight["state"] == "inflight" and inflight["lease_deadline_ms"] > 0 and inflight["due_ms"] > 0
+    assert "lease until" in run("show", "dq-inflight").output
+    dead = as_json(run("show", "cl-dead", "--json"))
+    assert dead["state"] == "dead" and dead["error"].startswith("delivery refused")
+    assert dead["payload"]["body"]["value"] == [[1], {}, {}]  # AMQP record: body always base64
+
+
+def test_show_binary_payload_is_escaped_never_unpickled_and_never_reaches_the_terminal_raw(run, populated):
+    data = as_json(run("show", "raw-binary", "--json"))
+    assert data["payload"]["format"] == "binary"
+    assert base64.b64decode(data["payload"]["base64"]) == b"\x80\x04\x95pickle\x1b[31m"
+    text = run("show", "raw-binary").output
+    assert "\\x80\\x04\\x95pickle\\x1b[31m" in text and "\x1b" not in text
+
+
+def test_show_unknown_id_fails_clearly(run, populated):
+    result = run("show", "nope")
+    assert result.exit_code == 1 and "no message 'nope'" in result.output
+
+
+# -- cancel / reschedule -----------------------------------------------------------------------------------------
+
+
+def test_cancel_refuses_without_confirmation_when_not_interactive(run, populated, store):
+    result = run("cancel", "dq-soon")
+    assert result.exit_code == 1 and "--yes" in result.output
+    assert store.get("dq-soon").state == "due"
+
+
+def test_cancel_asks_at_a_terminal_and_does_nothing_on_no(run, populated, store, monkeypatch):
+    monkeypatch.setattr(commands, "interactive", lambda: True)
+    declined = run("cancel", "dq-soon", input="n\n")
+    assert declined.exit_code == 1 and "Cancel message 'dq-soon'" in declined.output
+    assert store.get("dq-soon") is not None
+    accepted = run("cancel", "dq-soon", input="y\n")
+    assert accepted.exit_code == 0 and "Cancelled" in accepted.output
+    assert store.get("dq-soon") is None
+
+
+def test_cancel_with_yes_and_json(run, populated, store):
+    assert as_json(run("cancel", "cl-later", "--yes", "--json")) == {
+        "id": "cl-later",
+        "cancelled": True,
+        "state": "due",
+    }
+    assert store.get("cl-later") is None
+    inflight = run("cancel", "dq-inflight", "--yes")
+    assert inflight.exit_code == 1 and "being promoted" in inflight.output
+    gone = run("cancel", "cl-later", "--yes")
+    assert gone.exit_code == 1 and "no message" in gone.output
+
+
+def test_reschedule_in_at_and_now(run, populated, store):
+    before = store.stats().now_ms
+    moved = as_json(run("reschedule", "cl-later", "--in", "5m", "--json"))
+    assert 295_000 <= moved["due_ms"] - before <= 310_000
+    assert store.get("cl-later").due_ms == moved["due_ms"]
+    at = as_json(run("reschedule", "cl-later", "--at", "2031-02-03T04:05:06+01:00", "--json"))
+    assert at["due"] == "2031-02-03T03:05:06.000Z"
+    now = run("reschedule", "cl-later", "--now")
+    assert now.exit_code == 0 and "Rescheduled 'cl-later'" in now.output
+    assert store.stats().overdue >= 1
+    assert run("reschedule", "cl-later").exit_code == 2  # none of --in/--at/--now
+    assert run("reschedule", "cl-later", "--in", "5m", "--now").exit_code == 2
+    assert run("reschedule", "cl-later", "--in", "soon").exit_code == 2
+    dead = run("reschedule", "dq-dead", "--now")
+    assert dead.exit_code == 1 and "dead requeue" in dead.output
+
+
+# -- dead ------------------------------------------------------------------------------------------------------------
+
+
+def test_dead_ls_and_show(run, populated):
+    table = run("dead", "ls").output
+    assert "dq-dead" in table and "cl-dead" in table and "delivery refused" in table and "error" in table
+    data = as_json(run("dead", "ls", "--json", "--from", "-1h"))
+    assert {m["id"] for m in data["messages"]} == {"dq-dead", "cl-dead"}
+    shown = as_json(run("dead", "show", "dq-dead", "--json"))
+    assert shown["payload"]["message"]["actor_name"] == "charge_card" and shown["attempts"] >= 0
+    assert "no queue for dq-dead" in run("dead", "show", "dq-dead").output
+    not_dead = run("dead", "show", "dq-soon")
+    assert not_dead.exit_code == 1 and "not dead-lettered" in not_dead.output
+
+
+def test_dead_requeue_by_id_needs_no_confirmation(run, populated, store):
+    result = as_json(run("dead", "requeue", "dq-dead", "--json"))
+    assert result == {"requeued": 1, "not_dead": []}
+    info = store.get("dq-dead")
+    assert info.state == "due" and info.attempts == 0
+    partly = run("dead", "requeue", "cl-dead", "dq-soon")
+    assert partly.exit_code == 1 and "Requeued 1" in partly.output and "'dq-soon'" in partly.stderr
+
+
+def test_dead_requeue_all_refuses_without_confirmation_then_requeues(run, populated, store, monkeypatch):
+    refused = run("dead", "requeue", "--all")
+    assert refused.exit_code == 1 and "--yes" in refused.output
+    assert store.stats().dead == 2
+    assert run("dead", "requeue").exit_code == 2  # neither ids nor --all
+    monkeypatch.setattr(commands, "interactive", lambda: True)
+    asked = run("dead", "requeue", "--all", input="y\n")
+    assert asked.exit_code == 0 and "Requeue all 2 dead-lettered" in asked.output and "Requeued 2" in asked.output
+    assert store.stats().dead == 0 and store.get("cl-dead").state == "due"
+
+
+def test_dead_purge_refuses_without_confirmation_then_purges(run, populated, store):
+    refused = run("dead", "purge")
+    assert refused.exit_code == 1 and "--yes" in refused.output and store.stats().dead == 2
+    refused_ids = run("dead", "purge", "dq-dead")
+    assert refused_ids.exit_code == 1 and store.stats().dead == 2
+    assert as_json(run("dead", "purge", "dq-dead", "--yes", "--json")) == {"purged": 1}
+    assert store.get("dq-dead") is None
+    everything = run("dead", "purge", "--yes")
+    assert everything.exit_code == 0 and "Purged 1" in everything.output
+    assert store.stats().dead == 0
+    assert as_json(run("dead", "purge", "--json")) == {"purged": 0}  # nothing to confirm
+
+
+# -- promote and metrics -------------------------------------------------------------------------------------------
+
+
+def test_promote_runs_the_app_promoter_with_a_metrics_endpoint(run, store, client, namespace, monkeypatch):
+    logger = logging.getLogger("delay_broker")
+    monkeypatch.setattr(logger, "level", logger.level)  # --log-level sets it; put it back afterwards
+    ready = f"{namespace}:jobs:ready"
+    store.park("job-1", Envelope(route="ready", payload=b"1"), delay=0)
+    store.park("job-2", Envelope(route="nowhere", payload=b"2"), delay=0)
+    store.park("job-3", Envelope(route="ready", payload=b"3"), delay=3600)
+    promoter = Promoter(store, DirectLists({"ready": ListTarget(ready)}), max_idle=0.5)
+    built: list[tuple[Any, ...]] = []
+
+    def build(dramatiq_broker: str | None, celery_app: str | None, overrides: dict[str, Any]) -> Promoter:
+        built.append((dramatiq_broker, celery_app, overrides))
+        return promoter
+
+    monkeypatch.setattr(commands, "build_app_promoter", build)
+    port = free_port()
+    scraped: dict[str, str] = {}
+
+    def scrape_then_stop() -> None:
+        try:
+            wait_for(lambda: client.llen(ready) == 1, timeout=10)
+
+            def fetch() -> bool:
+                try:
+                    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as response:
+                        scraped["text"] = response.read().decode()
+                except OSError:
+                    return False
+                return 'delay_broker_promoted_total{namespace="' + namespace + '"} 1.0' in scraped["text"]
+
+            wait_for(fetch, timeout=10, interval=0.05)
+        finally:
+            promoter.request_stop()
+            store.wake(promoter.id)
+
+    helper = threading.Thread(target=scrape_then_stop)
+    helper.start()
+    result = run(
+        "promote", "--dramatiq", "app:broker", "--batch", "10", "--metrics-port", str(port), "--log-level", "warning"
+    )
+    helper.join(15)
+    assert result.exit_code == 0, result.output
+    assert built == [("app:broker", None, {"batch": 10})]
+    text = scraped["text"]
+    labels = f'{{namespace="{namespace}"}}'
+    assert f"delay_broker_promoted_total{labels} 1.0" in text
+    assert f"delay_broker_dead_lettered_total{labels} 1.0" in text
+    assert f"delay_broker_parked_messages{labels} 1.0" in text
+    assert f"delay_broker_dead_messages{labels} 1.0" in text
+    assert f"delay_broker_live_promoters{labels} 1.0" in text
+    with pytest.raises(OSError):  # the endpoint stopped with the promoter
+        urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=1)
+
+
+def test_promote_needs_exactly_one_application(run):
+    assert run("promote").exit_code == 2
+    assert run("promote", "--dramatiq", "a:b", "--celery", "c:d").exit_code == 2
+
+
+def test_metrics_print_shows_the_backlog_of_several_namespaces(run, populated, redis_server, namespace):
+    result = run("metrics", "--print", "-n", namespace, "-n", "other-" + namespace)
+    assert result.exit_code == 0, result.output
+    text = result.stdout
+    assert f'delay_broker_parked_messages{{namespace="{namespace}"}} 5.0' in text
+    assert f'delay_broker_inflight_messages{{namespace="{namespace}"}} 2.0' in text
+    assert f'delay_broker_parked_messages{{namespace="other-{namespace}"}} 0.0' in text
+    assert f'delay_broker_store_up{{namespace="{namespace}"}} 1.0' in text
+
+
+def test_metrics_command_serves_http_until_terminated(redis_server, populated, namespace):
+    port = free_port()
+    env = {**os.environ, "DELAY_BROKER_REDIS_URL": redis_server.url, "DELAY_BROKER_NAMESPACE": namespace}
+    command = [sys.executable, "-c", "from delay_broker.cli import main; main()", "metrics", "--port", str(port)]
+    process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    scraped: dict[str, str] = {}
+
+    def fetch() -> bool:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as response:
+                scraped["text"] = response.read().decode()
+        except OSError:
+            return process.poll() is not None  # stop waiting if it died
+        return True
+
+    try:
+        wait_for(fetch, timeout=20, interval=0.05)
+    finally:
+        process.send_signal(signal.SIGTERM)
+        _, stderr = process.communicate(timeout=10)
+    assert process.returncode == 0, stderr
+    assert f'delay_broker_dead_messages{{namespace="{namespace}"}} 2.0' in scraped["text"]
+    assert "process_cpu_seconds_total" in scraped["text"]  # the default registry: process metrics too
+    assert f"127.0.0.1:{port}/metrics" in stderr
+
+
+# -- parsing and formatting ----------------------------------------------------------------------------------------
+
+
+def test_durations_and_times():
+    assert parse_duration("90") == 90 and parse_duration("5m") == 300 and parse_duration("1h30m") == 5400
+    assert parse_duration("2d") == 172800 and parse_duration("1w") == 604800 and parse_duration("250ms") == 0.25
+    for bad in ("", "soon", "5x", "-5m"):
+        with pytest.raises(ValueError):
+            parse_duration(bad)
+    now = 1_700_000_000_000
+    assert parse_when("now", now) == now and parse_when("5m", now) == now + 300_000
+    assert parse_when("-1h", now) == now - 3_600_000 and parse_when("+2d", now) == now + 172_800_000
+    assert parse_when("2030-01-01", now) == int(datetime(2030, 1, 1, tzinfo=timezone.utc).timestamp() * 1000)
+    assert parse_iso("2030-01-01T10:00:00Z") == datetime(2030, 1, 1, 10, tzinfo=timezone.utc)
+    assert parse_iso("2030-01-01T10:00:00+02:00") == datetime(2030, 1, 1, 8, tzinfo=timezone.utc)
+    assert format_span(3_723_000) == "1h 2m" and format_span(500) == "500ms" and format_span(86_400_000 * 3) == "3d"
+    assert format_relative(now + 90_000, now) == "in 1m 30s" and format_relative(now - 5_000, now) == "5s ago"
+    assert printable("a\x1b[2Jb\u202e\n") == "a\\x1b[2Jb\\u202e\\x0a"
+    assert bar(0, 10) == "" and bar(10, 10) == "█" * 40 and bar(1, 1000) != ""
+
+
+def test_payload_decoding_never_unpickles():
+    pickled_body = base64.b64encode(b"\x80\x04\x95\x05\x00cos\nsystem\n").decode()
+    message = {
+        "body": pickled_body,
+        "content-type": "application/x-python-serialize",
+        "properties": {"body_encoding": "base64"},
+    }
+    decoded = decode_payload("celery", json.dumps(message).encode())
+    assert decoded["body"]["format"] == "binary" and "not decoded" in decoded["body"]["note"]
+    assert decode_payload("dramatiq", b"plain text")["format"] == "text"
+    assert (
+        decode_payload("celery", b'{"body": "not base64!", "properties": {"body_encoding": "base64"}}')["body"][
+            "format"
+        ]
+        == "text"
+    )
+    text_body = decode_payload("celery", json.dumps({"body": "hi", "content-type": "text/plain"}).encode())
+    assert text_body["body"] == {"content_type": "text/plain", "size": 2, "format": "text", "text": "hi"}
