@@ -92,7 +92,13 @@ class RabbitNode:
 
     @property
     def url(self) -> str:
+        """kombu's spelling of the default vhost ("//")."""
         return f"amqp://guest:guest@127.0.0.1:{self.port}//"
+
+    @property
+    def pika_url(self) -> str:
+        """pika's spelling of the default vhost ("/%2F"): pika reads "//" as an empty vhost."""
+        return f"amqp://guest:guest@127.0.0.1:{self.port}/%2F"
 
     def start(self, timeout: float = 90.0) -> RabbitNode:
         if self.process is not None and self.process.poll() is None:

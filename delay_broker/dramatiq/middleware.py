@@ -1,0 +1,291 @@
+"""DelayMiddleware: long Dramatiq delays are parked in a Redis delay store instead of a worker's memory."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import threading
+import uuid
+from datetime import datetime, timedelta
+from typing import Any
+
+import dramatiq
+import redis
+from dramatiq.brokers.redis import RedisBroker
+from dramatiq.common import q_name
+from dramatiq.errors import QueueNotFound
+
+from ..clock import ms_to_datetime
+from ..envelope import Envelope
+from ..errors import ConfigurationError, InvalidDelay, StoreUnavailable
+from ..keys import DEFAULT_NAMESPACE
+from ..promoter import Deliverer, DirectDeliverer, Promoter
+from ..store import DelayStore, MessageInfo
+from .delays import DEFAULT_THRESHOLD, delay_ms, effective_threshold_ms, native_cap_ms, threshold_ms
+from .delivery import FRAMEWORK, BrokerDeliverer, Enqueue, RedisQueues, canonical_queues
+
+logger = logging.getLogger("delay_broker.dramatiq")
+
+AnyMessage = dramatiq.Message[Any]
+
+
+class DelayMiddleware(dramatiq.Middleware):
+    """Parks messages delayed longer than ``threshold`` in a Redis delay store and promotes them when due.
+
+    Dramatiq has no hook that can stop an enqueue, so the middleware wraps the ``enqueue`` method of the
+    broker instance it is added to. It does so as soon as the broker has a queue (when it is added to a broker
+    with actors, or when the first actor is declared), which covers producer-only processes such as web apps.
+    A promoter thread runs in every worker process unless ``promote_in_workers=False``.
+
+    Examples:
+      >>> broker.add_middleware(DelayMiddleware(threshold=timedelta(minutes=15)))  # RedisBroker
+      >>> broker.add_middleware(DelayMiddleware(redis_url="redis://cache:6379/0"))  # any broker
+
+    Parameters:
+      redis_url: the Redis that holds the delay store.
+      client: a redis-py client (bytes replies) for it, instead of ``redis_url``. With neither, a RedisBroker's
+        own client is used; other brokers need one of the two.
+      threshold: seconds (or a timedelta). Messages delayed by strictly more are parked; shorter and
+        ``delay=None`` ones take the broker's own path untouched. Default: the broker's native limit where
+        it has one (SQS: 900 s), otherwise 60 s. It is never raised above that native limit. ``0`` parks
+        every delayed message except ``delay=0``.
+      namespace: the delay store namespace; applications sharing one Redis use different namespaces.
+      direct: promote with the exactly-once script into the RedisBroker's own lists. Default: when the
+        broker is a RedisBroker and the store uses its client. Pass True if ``redis_url`` names the same
+        Redis server (and database) as the broker.
+      promote_in_workers: run a promoter thread in every worker process.
+      batch, lease, max_idle: promoter settings (see :class:`~delay_broker.promoter.Promoter`).
+      store_options: more :class:`~delay_broker.store.DelayStore` arguments (``max_attempts``,
+        ``retry_backoff``, ``max_payload_bytes``, ``prefix``).
+    """
+
+    def __init__(
+        self,
+        *,
+        redis_url: str | None = None,
+        client: redis.Redis | None = None,
+        threshold: float | timedelta | None = None,
+        namespace: str = DEFAULT_NAMESPACE,
+        direct: bool | None = None,
+        promote_in_workers: bool = True,
+        batch: int = 200,
+        lease: float = 30.0,
+        max_idle: float = 5.0,
+        store_options: dict[str, Any] | None = None,
+    ) -> None:
+        if redis_url is not None and client is not None:
+            raise ConfigurationError("give redis_url or client, not both")
+        if not 1 <= batch <= 1000 or lease <= 0 or max_idle <= 0:
+            raise ConfigurationError("batch must be 1..1000, lease and max_idle positive")
+        self.threshold_ms = None if threshold is None else threshold_ms(threshold)
+        self.namespace = namespace
+        self.direct = direct
+        self.promote_in_workers = promote_in_workers
+        self.promoter_options: dict[str, Any] = {"batch": batch, "lease": lease, "max_idle": max_idle}
+        self._store_options = dict(store_options or {})
+        self._own_store = redis_url is not None or client is not None
+        self._store: DelayStore | None = None
+        if redis_url is not None:
+            self._store = DelayStore.from_url(redis_url, namespace=namespace, **self._store_options)
+        elif client is not None:
+            self._store = DelayStore(client, namespace=namespace, **self._store_options)
+        self.broker: dramatiq.Broker | None = None
+        self._original_enqueue: Enqueue | None = None
+        self._effective_threshold_ms: int | None = None
+        self._promoters: dict[int, Promoter] = {}
+        self._lock = threading.Lock()
+
+    # -- installation ----------------------------------------------------------------------------------
+
+    def install(self, broker: dramatiq.Broker) -> None:
+        """Wrap ``broker.enqueue``. Called from the declaration hooks; call it yourself only for a broker
+        that sends messages to queues it never declared."""
+        with self._lock:
+            if self.broker is broker:
+                return
+            if self.broker is not None:
+                raise ConfigurationError("a DelayMiddleware serves one broker: add a new one to each broker")
+            if self.direct and not isinstance(broker, RedisBroker):
+                raise ConfigurationError("direct=True needs a RedisBroker")
+            if isinstance(getattr(broker.enqueue, "__self__", None), DelayMiddleware):
+                raise ConfigurationError("this broker already has a DelayMiddleware")
+            self._effective_threshold_ms = effective_threshold_ms(broker, self.threshold_ms)
+            if self.threshold_ms is not None and self.threshold_ms > self._effective_threshold_ms:
+                logger.warning(
+                    "threshold lowered to the broker's native limit of %d ms: longer delays would be refused",
+                    self._effective_threshold_ms,
+                )
+            if getattr(broker, "confirm_delivery", None) is False:
+                logger.warning(
+                    "RabbitmqBroker without confirm_delivery=True: a message promoted while the connection is "
+                    "failing can be acknowledged in the delay store without reaching RabbitMQ"
+                )
+            self._original_enqueue = broker.enqueue
+            broker.enqueue = self._enqueue  # type: ignore[method-assign]
+            self.broker = broker
+
+    def after_declare_queue(self, broker: dramatiq.Broker, queue_name: str) -> None:
+        self.install(broker)
+
+    def before_declare_actor(self, broker: dramatiq.Broker, actor: dramatiq.Actor[Any, Any]) -> None:
+        self.install(broker)
+
+    # -- properties ------------------------------------------------------------------------------------
+
+    @property
+    def store(self) -> DelayStore:
+        """The delay store, for inspection (``stats()``, ``list_messages()``, dead letters)."""
+        if self._store is None:
+            if isinstance(self.broker, RedisBroker):
+                self._store = DelayStore(self.broker.client, namespace=self.namespace, **self._store_options)
+            else:
+                raise ConfigurationError(
+                    "DelayMiddleware needs redis_url= or client= unless it is added to a RedisBroker"
+                    + ("" if self.broker is not None else " (it is not installed on a broker yet)")
+                )
+        return self._store
+
+    @property
+    def threshold(self) -> timedelta:
+        """The threshold in force (after the broker's native limit is applied)."""
+        millis = self._effective_threshold_ms
+        if millis is None:  # not installed yet: the broker's limit is not known
+            return DEFAULT_THRESHOLD if self.threshold_ms is None else timedelta(milliseconds=self.threshold_ms)
+        return timedelta(milliseconds=millis)
+
+    @property
+    def is_direct(self) -> bool:
+        """Whether due messages are moved into the RedisBroker's lists by the exactly-once script."""
+        if self.direct is not None:
+            return self.direct
+        return isinstance(self.broker, RedisBroker) and not self._own_store
+
+    # -- sending ---------------------------------------------------------------------------------------
+
+    def _enqueue(self, message: AnyMessage, *, delay: Any = None) -> AnyMessage:
+        assert self._original_enqueue is not None and self._effective_threshold_ms is not None
+        if delay is None:
+            return self._original_enqueue(message, delay=None)
+        millis = delay_ms(delay)
+        if millis <= self._effective_threshold_ms:
+            # Normalized: SQS needs an int, and a timedelta from Retry(delay=...) would break eta arithmetic.
+            return self._original_enqueue(message, delay=millis)
+        return self.park(message, millis)
+
+    def park(self, message: AnyMessage, delay: int) -> AnyMessage:
+        """Park ``message`` (a Message or the MessageProxy Retries passes) for ``delay`` milliseconds.
+
+        The stored message is the one to enqueue when due: canonical queue, no ``eta``, and on a RedisBroker
+        a fresh ``redis_message_id``. Returns it, as ``broker.enqueue`` returns what it enqueued.
+        """
+        broker = self._installed()
+        plain: AnyMessage = getattr(message, "_message", message)  # unwrap a MessageProxy
+        queue_name = q_name(plain.queue_name)
+        if queue_name not in canonical_queues(broker):
+            raise QueueNotFound(f"cannot park a message for undeclared queue {queue_name!r}")  # type: ignore[no-untyped-call]
+        options = {key: value for key, value in plain.options.items() if key != "eta"}
+        if isinstance(broker, RedisBroker):
+            # Always, even when promotion is not direct: any promoter may then take the exactly-once path.
+            options["redis_message_id"] = str(uuid.uuid4())
+        parked = dataclasses.replace(plain, queue_name=queue_name, options=options)
+        envelope = Envelope(
+            route=queue_name,
+            payload=parked.encode(),
+            framework=FRAMEWORK,
+            name=parked.actor_name,
+            hash_field=options.get("redis_message_id"),
+        )
+        try:
+            self.store.park(parked.message_id, envelope, delay=timedelta(milliseconds=delay))
+        except StoreUnavailable:
+            if not isinstance(message, dramatiq.MessageProxy):
+                raise  # the caller sees it and decides
+            return self._fall_back(message, delay)
+        logger.debug("Parked message %s for %r for %d ms.", parked.message_id, queue_name, delay)
+        return parked
+
+    def _fall_back(self, message: dramatiq.MessageProxy, delay: int) -> AnyMessage:
+        # A retry from inside a worker: an exception here is swallowed by Dramatiq and the message acked,
+        # i.e. lost. Better a retry held natively (or sooner, at the broker's limit) than none.
+        assert self._original_enqueue is not None and self.broker is not None
+        cap = native_cap_ms(self.broker)
+        native = delay if cap is None else min(delay, cap)
+        logger.error("Delay store unavailable; retry of %s handed to the broker, delayed %d ms.", message, native)
+        return self._original_enqueue(message, delay=native)
+
+    # -- managing parked messages ----------------------------------------------------------------------
+
+    def cancel(self, message: str | AnyMessage) -> bool:
+        """Cancel a parked message (by id or message). False if it is not parked (any more)."""
+        return self.store.cancel(_id_of(message))
+
+    def reschedule(
+        self, message: str | AnyMessage, delay: int | timedelta | None = None, *, due: datetime | None = None
+    ) -> datetime | None:
+        """Move a parked message to a new time: ``delay`` in milliseconds from now as in Dramatiq (or a
+        timedelta; ``0`` runs it now) or an aware ``due`` datetime. Returns the new due time, or None when
+        the message is not parked (unknown, being promoted, or already promoted)."""
+        if (delay is None) == (due is None):
+            raise InvalidDelay("give exactly one of delay and due")
+        if delay is not None:
+            due_ms = self.store.reschedule(_id_of(message), delay=timedelta(milliseconds=delay_ms(delay)))
+        else:
+            due_ms = self.store.reschedule(_id_of(message), due=due)
+        return None if due_ms is None else ms_to_datetime(due_ms)
+
+    def get(self, message: str | AnyMessage) -> MessageInfo | None:
+        """What the store holds for a message: state, due time, attempts, last error."""
+        return self.store.get(_id_of(message))
+
+    def parked_message(self, message: str | AnyMessage) -> AnyMessage | None:
+        """The parked Dramatiq message itself (decoded with the current encoder), or None."""
+        info = self.get(message)
+        envelope = info.envelope if info else None
+        return None if envelope is None else dramatiq.Message.decode(envelope.payload)
+
+    # -- promotion -------------------------------------------------------------------------------------
+
+    def deliverer(self) -> Deliverer | DirectDeliverer:
+        broker = self._installed()
+        if self.is_direct:
+            return RedisQueues(broker)
+        assert self._original_enqueue is not None
+        return BrokerDeliverer(broker, self._original_enqueue)
+
+    def build_promoter(self, **overrides: Any) -> Promoter:
+        """A promoter for this broker; ``overrides`` replace ``batch``, ``lease``, ``max_idle`` and so on."""
+        return Promoter(self.store, self.deliverer(), **{**self.promoter_options, **overrides})
+
+    def after_worker_boot(self, broker: dramatiq.Broker, worker: dramatiq.Worker) -> None:
+        if not self.promote_in_workers:
+            return
+        self.install(broker)
+        promoter = self.build_promoter().start()
+        self._promoters[id(worker)] = promoter
+
+    def before_worker_shutdown(self, broker: dramatiq.Broker, worker: dramatiq.Worker) -> None:
+        promoter = self._promoters.pop(id(worker), None)
+        if promoter is not None:
+            # Finishes the batch in hand; anything claimed but not delivered goes back to the store.
+            promoter.stop()
+
+    def _installed(self) -> dramatiq.Broker:
+        if self.broker is None:
+            raise ConfigurationError("DelayMiddleware is not installed: add it with broker.add_middleware()")
+        return self.broker
+
+
+def _id_of(message: str | AnyMessage) -> str:
+    return message if isinstance(message, str) else message.message_id
+
+
+def build_promoter(broker: dramatiq.Broker, **overrides: Any) -> Promoter:
+    """A standalone promoter for ``broker``, configured by the broker's :class:`DelayMiddleware`.
+
+    This is what ``delay-broker promote --dramatiq package.module:broker`` runs.
+    """
+    for middleware in broker.middleware:
+        if isinstance(middleware, DelayMiddleware):
+            middleware.install(broker)
+            return middleware.build_promoter(**overrides)
+    raise ConfigurationError("the broker has no DelayMiddleware: add one with broker.add_middleware()")

@@ -1,0 +1,1 @@
+"""Dramatiq applications run by real ``dramatiq`` worker processes in the integration tests."""
