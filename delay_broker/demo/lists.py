@@ -12,11 +12,11 @@ from dataclasses import dataclass
 
 import redis
 
-from .deliverers import DirectLists
-from .envelope import Envelope
-from .promoter import Promoter
-from .store import DelayStore, ParkRequest
-from .targets import ListTarget
+from ..deliverers import DirectLists
+from ..envelope import Envelope
+from ..promoter import Promoter
+from ..store import DelayStore, ParkRequest
+from ..targets import ListTarget
 
 
 @dataclass
