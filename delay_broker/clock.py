@@ -33,7 +33,9 @@ def delay_to_ms(delay: object) -> int:
     else:
         try:
             seconds = float(delay)
-        except (ValueError, OverflowError):
+        except OverflowError:
+            raise InvalidDelay("delay is too large: past the latest supported due time (year 2248)") from None
+        except ValueError:
             raise InvalidDelay(f"delay {delay!r} is not a usable number") from None
     if math.isnan(seconds):
         raise InvalidDelay("delay is NaN")

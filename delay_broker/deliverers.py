@@ -10,6 +10,12 @@ from .errors import DeliveryRefused, TargetUnavailable
 from .store import ClaimedMessage
 from .targets import ListTarget
 
+_TARGET_REFUSALS = (
+    redis.exceptions.NoPermissionError,
+    redis.exceptions.ReadOnlyError,
+    redis.exceptions.OutOfMemoryError,
+)
+
 
 class DirectLists:
     """Exactly-once promotion into lists of the store's own Redis (a :class:`~.promoter.DirectDeliverer`).
@@ -56,3 +62,10 @@ class ListDeliverer:
                 self.client.lpush(target.list_key, envelope.payload)
         except (redis.ConnectionError, redis.TimeoutError) as error:
             raise TargetUnavailable(str(error)) from error
+        except redis.ResponseError as error:
+            # A target key of the wrong type, a missing permission, a full or read-only server: the target is
+            # unusable for every message, not this one. Give the batch back and back off (no attempt counted)
+            # rather than retry each message into the dead letters.
+            if str(error).startswith("WRONGTYPE") or isinstance(error, _TARGET_REFUSALS):
+                raise TargetUnavailable(f"{target.list_key}: {type(error).__name__}: {error}") from error
+            raise

@@ -62,6 +62,9 @@ class Envelope:
             header = json.loads(line)
         except (UnicodeDecodeError, ValueError) as error:
             raise CorruptEnvelope(f"malformed envelope: header is not JSON ({error})") from None
+        except RecursionError:
+            # A header nested thousands deep: it must be refused like any other, not break the caller's batch.
+            raise CorruptEnvelope("malformed envelope: header is nested too deeply") from None
         if not isinstance(header, dict):
             raise CorruptEnvelope("malformed envelope: header is not a JSON object")
         if header.get("v") != VERSION:

@@ -177,6 +177,10 @@ class Promoter:
             self._sleep(wait)
         except StoreUnavailable as error:
             self._fault("redis", error)
+        except Exception:
+            # The wake list can be refused too (a key of the wrong type, a missing permission): back off.
+            logger.exception("Promoter %s: unexpected error while sleeping; retrying.", self.id)
+            self._fault("internal", None)
 
     def _sleep(self, wait: float) -> None:
         """Sleep until something is due, waking at once when an earlier message is parked.
@@ -238,8 +242,10 @@ class Promoter:
                 outage = error
                 failures.append((message.id, f"target unavailable: {error}", "release"))
             except Exception as error:
-                logger.warning("Promoter %s: delivering %s failed: %r", self.id, message.id, error)
-                failures.append((message.id, f"delivery failed: {error!r}", "retry"))
+                # Type and text, not repr(): redis-py's exceptions leave their message out of repr().
+                reason = f"delivery failed: {type(error).__name__}: {error}"
+                logger.warning("Promoter %s: delivering %s failed: %s", self.id, message.id, reason)
+                failures.append((message.id, reason, "retry"))
             else:
                 delivered.append(message.id)
                 elapsed_ms = int((time.monotonic() - started) * 1000)

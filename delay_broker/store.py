@@ -507,10 +507,13 @@ class DelayStore:
         socket_timeout = self.client.get_connection_kwargs().get("socket_timeout")
         if socket_timeout:
             timeout = min(timeout, max(float(socket_timeout) - 1.0, 0.001))
+        keys = [self.keys.wake_one(promoter_id), self.keys.wake]
         try:
-            popped = self.client.blpop([self.keys.wake_one(promoter_id), self.keys.wake], timeout=timeout)
+            popped = self.client.blpop(keys, timeout=timeout)
         except (redis.ConnectionError, redis.TimeoutError) as error:
             raise StoreUnavailable(f"Redis unavailable while waiting: {error}") from error
+        except redis.ResponseError as error:
+            raise DelayBrokerError(f"Redis refused BLPOP on the wake lists {keys}: {error}") from error
         return popped is not None
 
     def wake(self, promoter_id: str) -> None:
@@ -529,8 +532,8 @@ class DelayStore:
         try:
             self.client.zrem(self.keys.promoters, promoter_id)
             self.client.delete(self.keys.wake_one(promoter_id))
-        except (redis.ConnectionError, redis.TimeoutError):
-            pass  # it ages out of the heartbeat window anyway
+        except redis.RedisError:
+            pass  # it ages out of the heartbeat window anyway (and a stopping promoter must not raise)
 
     # -- dead letters ----------------------------------------------------------------------------------
 

@@ -22,8 +22,14 @@ local function due_limit(ms)
 end
 
 -- `count` consecutive scores for messages due at the given times, in park order.
+-- Every script takes its numbers before its first write, so a corrupt counter stops it with nothing changed.
 local function next_seq(seq_key, count)
-    return redis.call('INCRBY', seq_key, count) - count
+    local value = redis.pcall('INCRBY', seq_key, count)
+    if type(value) == 'table' and value.err then
+        error({err = 'ERR key ' .. seq_key .. ' is not an integer counter (' .. value.err .. '): nothing was '
+            .. 'changed; delete it to let delay_broker go on'})
+    end
+    return value - count
 end
 
 local function score_for(due_ms, seq)
@@ -60,8 +66,25 @@ local function open_envelope(envelope)
         return nil, nil, 'malformed envelope: no header line'
     end
     local ok, header = pcall(decode, sub(envelope, 1, newline - 1))
-    if not ok or type(header) ~= 'table' then
+    if not ok or type(header) ~= 'table' or header[1] ~= nil then
         return nil, nil, 'malformed envelope: header is not a JSON object'
     end
     return header, sub(envelope, newline + 1), nil
+end
+
+-- Checks, before anything is written, that each key holds the type this store expects (or does not exist).
+-- Takes pairs: key, expected type ('zset', 'hash', 'list' or 'string'). Returns an error reply naming the
+-- first key of the wrong type, or nil. A script that fails half-way keeps the writes it made before the
+-- failure (Redis does not roll scripts back), so a WRONGTYPE after a ZPOPMIN would lose messages: every
+-- writing script calls this first and refuses to run instead.
+local function wrong_type(...)
+    local spec = {...}
+    for i = 1, #spec, 2 do
+        local actual = redis.call('TYPE', spec[i])['ok']
+        if actual ~= 'none' and actual ~= spec[i + 1] then
+            return redis.error_reply('WRONGTYPE key ' .. spec[i] .. ' holds a ' .. actual .. ', expected a '
+                .. spec[i + 1] .. ': nothing was changed; delete or rename the key to let delay_broker go on')
+        end
+    end
+    return nil
 end

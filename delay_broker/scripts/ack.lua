@@ -9,12 +9,20 @@
 -- Returns the number of messages acknowledged. A message whose lease expired and was claimed again is left
 -- to its new holder (the lease deadline is the holder's token).
 
+local problem = wrong_type(KEYS[1], 'zset', KEYS[2], 'hash', KEYS[3], 'hash', KEYS[4], 'hash', KEYS[5], 'hash',
+    KEYS[6], 'hash')
+if problem then
+    return problem
+end
+
 local deadline = tonumber(ARGV[1])
-local acked = {}
+local acked, seen = {}, {}
 for i = 2, #ARGV do
     local id = ARGV[i]
     local score = redis.call('ZSCORE', KEYS[1], id)
-    if score and tonumber(score) == deadline then
+    -- An id given twice is acknowledged (and counted) once.
+    if score and tonumber(score) == deadline and not seen[id] then
+        seen[id] = true
         acked[#acked + 1] = id
     end
 end

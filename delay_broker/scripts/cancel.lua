@@ -8,6 +8,12 @@
 -- ARGV[1..] ids
 -- Returns one flag per id: 1 = removed, 0 = not parked (unknown, already promoted, or in flight).
 
+local problem = wrong_type(KEYS[1], 'zset', KEYS[2], 'hash', KEYS[3], 'zset', KEYS[4], 'hash', KEYS[5], 'hash',
+    KEYS[6], 'hash')
+if problem then
+    return problem
+end
+
 local result = {}
 local removed = 0
 for i = 1, #ARGV do

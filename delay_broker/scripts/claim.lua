@@ -15,6 +15,11 @@
 local batch = tonumber(ARGV[1])
 local lease = tonumber(ARGV[2])
 local max_attempts = tonumber(ARGV[3])
+local problem = wrong_type(KEYS[1], 'zset', KEYS[2], 'hash', KEYS[3], 'zset', KEYS[4], 'hash', KEYS[5], 'zset',
+    KEYS[6], 'hash', KEYS[7], 'hash', KEYS[8], 'hash', KEYS[9], 'zset')
+if problem then
+    return problem
+end
 local now = now_ms()
 redis.call('ZADD', KEYS[9], now, ARGV[4])
 

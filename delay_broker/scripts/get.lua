@@ -10,6 +10,12 @@
 -- Returns {state ('due' | 'inflight' | 'dead' | 'gone'), due_ms or -1, state time ms (lease deadline or
 -- dead-lettered at) or -1, envelope or false, attempts, last error or false}.
 
+local problem = wrong_type(KEYS[1], 'zset', KEYS[2], 'zset', KEYS[3], 'zset', KEYS[4], 'hash', KEYS[5], 'hash',
+    KEYS[6], 'hash', KEYS[7], 'hash')
+if problem then
+    return problem
+end
+
 local id = ARGV[1]
 local state, due, at = 'gone', -1, -1
 local score = redis.call('ZSCORE', KEYS[1], id)

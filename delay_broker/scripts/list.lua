@@ -6,6 +6,11 @@
 -- ARGV[1] min score  ARGV[2] max score  ARGV[3] offset  ARGV[4] count (<= 1000)
 -- Returns a flat list, five entries per message: id, score, envelope or false, attempts, last error or false.
 
+local problem = wrong_type(KEYS[1], 'zset', KEYS[2], 'hash', KEYS[3], 'hash', KEYS[4], 'hash')
+if problem then
+    return problem
+end
+
 local page = redis.call('ZRANGEBYSCORE', KEYS[1], ARGV[1], ARGV[2], 'WITHSCORES', 'LIMIT', ARGV[3], ARGV[4])
 local result = {}
 if #page == 0 then

@@ -15,11 +15,20 @@
 -- Returns one outcome per id: 1 = retried later, 2 = dead-lettered, 3 = released, 0 = lease no longer held
 -- (left alone).
 
+local problem = wrong_type(KEYS[1], 'zset', KEYS[2], 'zset', KEYS[3], 'hash', KEYS[4], 'zset', KEYS[5], 'hash',
+    KEYS[6], 'hash', KEYS[7], 'string', KEYS[8], 'hash', KEYS[9], 'list')
+if problem then
+    return problem
+end
+
 local deadline = tonumber(ARGV[1])
 local max_attempts = tonumber(ARGV[2])
 local base = tonumber(ARGV[3])
 local cap = tonumber(ARGV[4])
 local now = now_ms()
+-- Sequence numbers are taken before anything moves: a failing INCRBY (a corrupt counter) must not strike
+-- after a message has left the in-flight set.
+local seq = next_seq(KEYS[7], (#ARGV - 4) / 3)
 local result = {}
 local released = false
 for i = 5, #ARGV, 3 do
@@ -29,12 +38,12 @@ for i = 5, #ARGV, 3 do
         result[#result + 1] = 0
     else
         local due_score = redis.call('HGET', KEYS[3], id) or (now * FIFO_SLOTS)
-        redis.call('ZREM', KEYS[1], id)
-        redis.call('HDEL', KEYS[3], id)
         local attempts = 0
         if action ~= 'release' then
             attempts = redis.call('HINCRBY', KEYS[5], id, 1)
         end
+        redis.call('ZREM', KEYS[1], id)
+        redis.call('HDEL', KEYS[3], id)
         if action == 'release' then
             redis.call('ZADD', KEYS[2], due_score, id)
             released = true
@@ -44,7 +53,7 @@ for i = 5, #ARGV, 3 do
             result[#result + 1] = 2
         else
             local backoff = math.min(cap, base * 2 ^ (attempts - 1))
-            redis.call('ZADD', KEYS[2], score_for(now + backoff, next_seq(KEYS[7], 1)), id)
+            redis.call('ZADD', KEYS[2], score_for(now + backoff, seq + (i - 5) / 3), id)
             redis.call('HSET', KEYS[6], id, reason)
             redis.call('HINCRBY', KEYS[8], 'retried', 1)
             result[#result + 1] = 1

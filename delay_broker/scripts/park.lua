@@ -35,6 +35,12 @@ for i = 3, #ARGV, 4 do
     dues[count] = due
 end
 
+local problem = wrong_type(KEYS[1], 'zset', KEYS[2], 'hash', KEYS[3], 'zset', KEYS[4], 'hash', KEYS[5], 'zset',
+    KEYS[6], 'hash', KEYS[7], 'hash', KEYS[8], 'string', KEYS[9], 'list', KEYS[10], 'hash')
+if problem then
+    return problem
+end
+
 local seq = next_seq(KEYS[8], count)
 local head = head_due(KEYS[1])
 local earliest = false

@@ -19,6 +19,10 @@
 -- An envelope with no route among these goes to the dead letters: a stored message can reach only the
 -- queues the application declared.
 
+local problem = wrong_type(KEYS[1], 'zset', KEYS[7], 'zset')
+if problem then
+    return problem
+end
 local batch = tonumber(ARGV[1])
 local now = now_ms()
 redis.call('ZADD', KEYS[7], now, ARGV[2])
@@ -33,6 +37,21 @@ local result = {now, -1, 0, 0}
 -- ZCOUNT then ZPOPMIN takes the due head in two calls, without passing every id back to ZREM.
 local ready = math.min(batch, redis.call('ZCOUNT', KEYS[1], '-inf', due_limit(now)))
 if ready > 0 then
+    -- Every key written below must hold the right type before the first write (see wrong_type).
+    local spec = {KEYS[2], 'hash', KEYS[3], 'zset', KEYS[4], 'hash', KEYS[5], 'hash', KEYS[6], 'hash'}
+    for k = 0, (#ARGV - 2) / 2 - 1 do
+        local mode = ARGV[4 + 2 * k]
+        spec[#spec + 1] = KEYS[8 + 2 * k]
+        spec[#spec + 1] = 'list'
+        if mode == 'hash' then
+            spec[#spec + 1] = KEYS[9 + 2 * k]
+            spec[#spec + 1] = 'hash'
+        end
+    end
+    local problem = wrong_type(unpack(spec))
+    if problem then
+        return problem
+    end
     local due = redis.call('ZPOPMIN', KEYS[1], ready)
     local ids = {}
     for i = 1, #due, 2 do
@@ -66,6 +85,10 @@ if ready > 0 then
             local route = header and routes[header.r]
             if problem then
                 fail(id, envelope, problem)
+            elseif header.v ~= 1 then
+                fail(id, envelope, 'unsupported envelope version ' .. cjson.encode(header.v))
+            elseif type(header.r) ~= 'string' then
+                fail(id, envelope, 'malformed envelope: no route')
             elseif not route then
                 fail(id, envelope, 'unknown route ' .. cjson.encode(header.r) .. ': not declared by the application')
             elseif route.mode == 'hash' and type(header.h) ~= 'string' then

@@ -6,6 +6,11 @@
 -- ARGV[1] limit (<= 1000) when no ids follow: purge the oldest dead letters; ARGV[2..] ids
 -- Returns the number of messages deleted.
 
+local problem = wrong_type(KEYS[1], 'zset', KEYS[2], 'hash', KEYS[3], 'hash', KEYS[4], 'hash')
+if problem then
+    return problem
+end
+
 local ids = {}
 for i = 2, #ARGV do
     ids[#ids + 1] = ARGV[i]

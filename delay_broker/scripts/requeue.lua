@@ -10,6 +10,12 @@
 -- ARGV[1] limit (<= 1000) when no ids follow: requeue the oldest dead letters; ARGV[2..] ids
 -- Returns {requeued, ids skipped because they have no payload to requeue...}.
 
+local problem = wrong_type(KEYS[1], 'zset', KEYS[2], 'zset', KEYS[3], 'hash', KEYS[4], 'hash', KEYS[5], 'hash',
+    KEYS[6], 'string', KEYS[7], 'list', KEYS[8], 'hash')
+if problem then
+    return problem
+end
+
 local ids = {}
 for i = 2, #ARGV do
     ids[#ids + 1] = ARGV[i]

@@ -9,6 +9,11 @@
 -- Returns {now_ms, parked, inflight, dead, overdue, head_due_ms or -1, live promoters,
 --          {counter, value, ...}, {bucket counts..., count past the last edge}}.
 
+local problem = wrong_type(KEYS[1], 'zset', KEYS[2], 'zset', KEYS[3], 'zset', KEYS[4], 'hash', KEYS[5], 'zset')
+if problem then
+    return problem
+end
+
 local now = now_ms()
 local window = tonumber(ARGV[1])
 -- Promoters silent for a day are gone for good; forget them so the set does not grow without bound.
