@@ -1,0 +1,224 @@
+"""Chaos on the at-least-once path into RabbitMQ: many promoters, kill -9, and a broker outage.
+
+Messages are parked through the real Dramatiq middleware and promoted by real ``delay-broker promote
+--dramatiq`` processes (or a promoter thread), then counted by consuming the RabbitMQ queue.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from collections import Counter
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pika
+import pytest
+
+from delay_broker import DelayStore
+from delay_broker.embedded import EmbeddedRedis
+from delay_broker.metrics import PromoterMetrics
+
+from .servers import RabbitNode
+
+ROOT = Path(__file__).resolve().parents[1]
+APP = "integration.dramatiq_apps.app:broker"
+
+pytestmark = pytest.mark.slow
+
+
+def app_env(redis_server: EmbeddedRedis, rabbit: RabbitNode, unique: str) -> dict[str, str]:
+    return {
+        "DB_BROKER": "rabbitmq",
+        "DB_REDIS_URL": redis_server.url,
+        "DB_RABBIT_URL": rabbit.pika_url,
+        "DB_BROKER_NS": f"chaos-{unique}",
+        "DB_STORE_NS": f"chaos-{unique}",
+        "DB_THRESHOLD": "0",
+        "DB_QUEUES": f"chaos_{unique}",
+        "DB_RECORD_KEY": f"chaos-{unique}:events",
+    }
+
+
+def park(env: dict[str, str], count: int) -> set[str]:
+    """Park ``count`` messages through the middleware of a producer-only process (this one)."""
+    from integration.dramatiq_apps.app import build
+
+    app = build(env)
+    actor = app.actors[env["DB_QUEUES"]]["record"]
+    ids = {actor.send_with_options(args=(str(n),), delay=1).message_id for n in range(count)}
+    app.broker.close()
+    return ids
+
+
+def promoter(env: dict[str, str], *options: str) -> subprocess.Popen[bytes]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "delay_broker", "promote", "--dramatiq", APP, *options],
+        cwd=ROOT,
+        env={**os.environ, **env, "PYTHONPATH": str(ROOT)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+
+def stop(processes: list[subprocess.Popen[bytes]]) -> None:
+    for process in processes:
+        if process.poll() is None:
+            process.send_signal(signal.SIGTERM)
+    for process in processes:
+        try:
+            process.wait(20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+
+
+def queue_depth(rabbit: RabbitNode, queue: str) -> int:
+    connection = pika.BlockingConnection(pika.URLParameters(rabbit.pika_url))
+    try:
+        return int(connection.channel().queue_declare(queue, passive=True).method.message_count)
+    finally:
+        connection.close()
+
+
+def consume_all(rabbit: RabbitNode, queue: str) -> Counter[str]:
+    """Every message id in the queue, with how often it is there (the queue is drained)."""
+    seen: Counter[str] = Counter()
+    connection = pika.BlockingConnection(pika.URLParameters(rabbit.pika_url))
+    try:
+        channel = connection.channel()
+        channel.basic_qos(prefetch_count=2000)
+        for method, _, body in channel.consume(queue, inactivity_timeout=3):
+            if method is None:
+                break
+            seen[json.loads(body)["message_id"]] += 1
+            channel.basic_ack(method.delivery_tag)
+        channel.cancel()
+    finally:
+        connection.close()
+    return seen
+
+
+def wait_until(condition: Any, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
+        time.sleep(0.5)
+
+
+@pytest.fixture(scope="module")
+def own_rabbit() -> Iterator[RabbitNode]:
+    """A node of this module's own: the outage test stops it, which must not disturb other modules."""
+    node = RabbitNode()
+    try:
+        yield node.start()
+    finally:
+        node.close()
+
+
+def test_four_promoters_deliver_a_hundred_thousand_messages_into_rabbitmq(redis_server, own_rabbit, unique):
+    env = app_env(redis_server, own_rabbit, unique)
+    ids = park(env, 100_000)
+    store = DelayStore(redis_server.client(), namespace=env["DB_STORE_NS"])
+    assert store.stats().parked == 100_000
+    started = time.monotonic()
+    processes = [promoter(env, "--batch", "500") for _ in range(4)]
+    try:
+        wait_until(lambda: store.stats().parked + store.stats().inflight == 0, 600, "the backlog to drain")
+    finally:
+        stop(processes)
+    seconds = time.monotonic() - started
+    seen = consume_all(own_rabbit, env["DB_QUEUES"])
+    duplicates = sum(seen.values()) - len(seen)
+    print(
+        f"\n4 promoters into RabbitMQ: parked 100000, delivered {len(seen)}, lost {len(ids - set(seen))}, "
+        f"duplicated {duplicates}, {len(seen) / seconds:.0f} msg/s"
+    )
+    assert set(seen) == ids, "no message lost"
+    assert store.stats().dead == 0
+
+
+def test_promoters_killed_twenty_times_lose_nothing(redis_server, own_rabbit, unique):
+    env = app_env(redis_server, own_rabbit, unique)
+    batch = 100
+    ids = park(env, 20_000)
+    store = DelayStore(redis_server.client(), namespace=env["DB_STORE_NS"])
+    options = ("--batch", str(batch), "--lease", "3")
+    processes = [promoter(env, *options) for _ in range(2)]
+    kills = 0
+    rng = random.Random(7)
+    try:
+        while kills < 20:
+            time.sleep(rng.uniform(0.3, 1.2))
+            victim = rng.randrange(len(processes))
+            processes[victim].send_signal(signal.SIGKILL)
+            processes[victim].wait(10)
+            kills += 1
+            processes[victim] = promoter(env, *options)
+        wait_until(lambda: store.stats().parked + store.stats().inflight == 0, 300, "the rest to be promoted")
+    finally:
+        stop(processes)
+    seen = consume_all(own_rabbit, env["DB_QUEUES"])
+    duplicates = sum(seen.values()) - len(seen)
+    print(
+        f"\nkill -9 into RabbitMQ: {kills} kills, parked {len(ids)}, delivered {len(seen)}, "
+        f"lost {len(ids - set(seen))}, duplicated {duplicates} (bound: {kills * batch})"
+    )
+    assert set(seen) == ids, "no message lost"
+    assert duplicates <= kills * batch, "at most one batch delivered twice per kill"
+    assert max(seen.values()) <= 1 + kills
+    assert store.stats().dead == 0
+
+
+def test_a_thirty_second_rabbitmq_outage_delays_but_loses_nothing(redis_server, own_rabbit, unique):
+    from prometheus_client import CollectorRegistry
+
+    from delay_broker.dramatiq import build_promoter
+    from integration.dramatiq_apps.app import build
+
+    env = app_env(redis_server, own_rabbit, unique)
+    app = build(env)
+    actor = app.actors[env["DB_QUEUES"]]["record"]
+    ids = {actor.send_with_options(args=(str(n),), delay=random.randint(1000, 35_000)).message_id for n in range(600)}
+    registry = CollectorRegistry()
+    running = build_promoter(
+        app.broker, max_idle=1.0, lease=20.0, listener=PromoterMetrics(env["DB_STORE_NS"], registry=registry)
+    )
+    running.start()
+    try:
+        time.sleep(4)
+        own_rabbit.stop()
+        outage_started = time.monotonic()
+        time.sleep(30)
+        own_rabbit.start()
+        outage = time.monotonic() - outage_started
+        store = app.middleware.store
+        wait_until(lambda: store.stats().parked + store.stats().inflight == 0, 180, "delivery after the outage")
+    finally:
+        running.stop()
+        app.broker.close()
+    seen = consume_all(own_rabbit, env["DB_QUEUES"])
+    errors = registry.get_sample_value(
+        "delay_broker_promoter_errors_total", {"namespace": env["DB_STORE_NS"], "stage": "target"}
+    )
+    late = registry.get_sample_value(
+        "delay_broker_promotion_lateness_seconds_bucket", {"namespace": env["DB_STORE_NS"], "le": "10.0"}
+    )
+    total = registry.get_sample_value(
+        "delay_broker_promotion_lateness_seconds_count", {"namespace": env["DB_STORE_NS"]}
+    )
+    print(
+        f"\nRabbitMQ outage of {outage:.0f} s: parked {len(ids)}, delivered {len(seen)}, lost {len(ids - set(seen))}, "
+        f"duplicated {sum(seen.values()) - len(seen)}, target errors {errors}, promotions later than 10 s "
+        f"{(total or 0) - (late or 0):.0f}"
+    )
+    assert set(seen) == ids, "nothing lost"
+    assert store.stats().dead == 0, "an outage does not use up attempts"
+    assert errors and errors > 0, "the error metric shows the outage"
+    assert total and late is not None and total - late > 0, "the lateness metric shows the outage"
