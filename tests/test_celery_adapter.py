@@ -74,6 +74,8 @@ def store_of(app: Celery, server: EmbeddedRedis) -> DelayStore:
         ({"namespace": "a{b}"}, "namespace"),
         ({"queues": "celery"}, "'queues' must be a list"),
         ({"promoter": "yes"}, "'promoter' must be True or False"),
+        ({"metrics_port": "9100"}, "'metrics_port' must be an integer"),
+        ({"metrics_port": 70000}, "'metrics_port' must be an integer"),
         ("threshold=5", "must be a dict"),
     ],
 )

@@ -325,6 +325,21 @@ def test_promoter_thread_follows_the_worker(app: App) -> None:
         worker.stop(timeout=5000)
 
 
+def test_worker_promoter_counts_in_prometheus_metrics(client: redis.Redis, namespace: str) -> None:
+    from prometheus_client import REGISTRY
+
+    app = make_app(client, namespace, metrics=True)
+    worker = dramatiq.Worker(app.broker, worker_timeout=100, worker_threads=1)
+    worker.start()
+    try:
+        send(app, "counted", delay=1500)
+        wait_for(lambda: app.ran("counted"), timeout=10)
+    finally:
+        worker.stop(timeout=5000)
+    assert REGISTRY.get_sample_value("delay_broker_promoted_total", {"namespace": namespace}) == 1
+    assert REGISTRY.get_sample_value("delay_broker_promotion_lateness_seconds_count", {"namespace": namespace}) == 1
+
+
 def test_redis_broker_direct_promotion(redis_server: Any, namespace: str) -> None:
     """RedisBroker sharing the store's Redis: exactly-once script into ``<ns>:<queue>`` + ``.msgs``."""
     from dramatiq.brokers.redis import RedisBroker

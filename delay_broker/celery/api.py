@@ -8,7 +8,7 @@ from urllib.parse import urlsplit
 
 from ..envelope import Envelope
 from ..errors import ConfigurationError, InvalidDelay
-from ..promoter import Deliverer, DirectDeliverer, Promoter
+from ..promoter import Deliverer, DirectDeliverer, Promoter, PromoterListener
 from ..store import DelayStore, MessageInfo
 from .config import OPTIONS_KEY, CeleryOptions, Kind, kind_of_scheme, parse_options
 from .delivery import (
@@ -122,9 +122,10 @@ def store_for(app: Any, options: CeleryOptions | None = None) -> DelayStore:
         return shared_store(options, kind, connection)
 
 
-def build_promoter(app: Any, **overrides: Any) -> Promoter:
+def build_promoter(app: Any, *, listener: PromoterListener | None = None, **overrides: Any) -> Promoter:
     """A promoter for this app's parked tasks (not started): ``.start()`` runs it in a thread, ``.run()``
-    in this one. ``overrides`` replace the app's options (``batch``, ``lease``, ``max_idle``, ...)."""
+    in this one. ``overrides`` replace the app's options (``batch``, ``lease``, ``max_idle``, ...);
+    ``listener`` receives what it does (e.g. :class:`delay_broker.metrics.PromoterMetrics`)."""
     options = app_options(app, **overrides)
     kind, _ = transport_kind(app)
     with app.connection_for_write() as connection:
@@ -151,7 +152,14 @@ def build_promoter(app: Any, **overrides: Any) -> Promoter:
             lambda: app.connection_for_write(transport="pyamqp", transport_options={"confirm_publish": True}),
             AllowedRoutes(declared_amqp_routes(app, queues), book),
         )
-    return Promoter(store, deliverer, batch=options.batch, lease=options.lease, max_idle=options.max_idle)
+    return Promoter(
+        store,
+        deliverer,
+        batch=options.batch,
+        lease=options.lease,
+        max_idle=options.max_idle,
+        listener=listener,
+    )
 
 
 # -- parked tasks by id -------------------------------------------------------------------------------------------

@@ -26,6 +26,7 @@ class PromoterStep(bootsteps.StartStopStep):  # type: ignore[misc]
     def __init__(self, parent: Any, **kwargs: Any) -> None:
         super().__init__(parent, **kwargs)
         self.promoter: Promoter | None = None
+        self.metrics_server: Any = None
 
     def include_if(self, parent: Any) -> bool:
         from .api import app_options
@@ -37,12 +38,25 @@ class PromoterStep(bootsteps.StartStopStep):  # type: ignore[misc]
         return None
 
     def start(self, parent: Any) -> None:
-        from .api import build_promoter
+        from .api import app_options, build_promoter
 
-        self.promoter = build_promoter(parent.app)
+        port = app_options(parent.app).metrics_port
+        if port is None:
+            self.promoter = build_promoter(parent.app)
+        else:
+            # The ``metrics_port`` option: promoter counters and the store's backlog on one endpoint.
+            from ..metrics import PromoterMetrics, start_metrics_server
+
+            self.promoter = build_promoter(parent.app)
+            self.promoter.listener = PromoterMetrics.for_store(self.promoter.store)
+            self.metrics_server = start_metrics_server(port, self.promoter.store)
+            logger.info("delay_broker metrics on port %d", self.metrics_server.port)
         self.promoter.start()
 
     def stop(self, parent: Any) -> None:
+        server, self.metrics_server = self.metrics_server, None
+        if server is not None:
+            server.stop()
         promoter, self.promoter = self.promoter, None
         if promoter is not None:
             promoter.stop()

@@ -41,7 +41,9 @@ def promote(ctx: click.Context, batch: int | None, lease: float | None, max_idle
     from ..cli import run_until_signalled
     from .api import build_promoter
 
-    overrides = {k: v for k, v in (("batch", batch), ("lease", lease), ("max_idle", max_idle)) if v is not None}
+    overrides: dict[str, Any] = {
+        k: v for k, v in (("batch", batch), ("lease", lease), ("max_idle", max_idle)) if v is not None
+    }
     run_until_signalled(build_promoter(_app(ctx), **overrides))
 
 

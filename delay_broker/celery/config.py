@@ -47,6 +47,7 @@ class CeleryOptions:
     max_attempts: int = 5
     queues: tuple[str, ...] = ()
     revoke: bool = True
+    metrics_port: int | None = None
 
     def threshold_for(self, kind: Kind) -> float:
         return DEFAULT_THRESHOLDS[kind] if self.threshold is None else self.threshold
@@ -130,6 +131,8 @@ def parse_options(raw: object) -> CeleryOptions:
             values[name] = _seconds(name, value, minimum=0.0, inclusive=False)
         elif name in ("batch", "max_attempts"):
             values[name] = _int(name, value, 1, 1000)
+        elif name == "metrics_port":
+            values[name] = None if value is None else _int(name, value, 0, 65535)
         elif name == "queues":
             if isinstance(value, str) or not isinstance(value, list | tuple | set | frozenset):
                 raise ConfigurationError(f"delay_broker option 'queues' must be a list of queue names, got {value!r}")

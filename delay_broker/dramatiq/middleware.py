@@ -57,6 +57,9 @@ class DelayMiddleware(dramatiq.Middleware):
       batch, lease, max_idle: promoter settings (see :class:`~delay_broker.promoter.Promoter`).
       store_options: more :class:`~delay_broker.store.DelayStore` arguments (``max_attempts``,
         ``retry_backoff``, ``max_payload_bytes``, ``prefix``).
+      metrics: count each worker promoter's work in Prometheus metrics
+        (:class:`~delay_broker.metrics.PromoterMetrics`). Default: when the broker has Dramatiq's
+        ``Prometheus`` middleware, whose endpoint then shows them next to the ``dramatiq_*`` metrics.
     """
 
     def __init__(
@@ -72,6 +75,7 @@ class DelayMiddleware(dramatiq.Middleware):
         lease: float = 30.0,
         max_idle: float = 5.0,
         store_options: dict[str, Any] | None = None,
+        metrics: bool | None = None,
     ) -> None:
         if redis_url is not None and client is not None:
             raise ConfigurationError("give redis_url or client, not both")
@@ -81,6 +85,7 @@ class DelayMiddleware(dramatiq.Middleware):
         self.namespace = namespace
         self.direct = direct
         self.promote_in_workers = promote_in_workers
+        self.metrics = metrics
         self.promoter_options: dict[str, Any] = {"batch": batch, "lease": lease, "max_idle": max_idle}
         self._store_options = dict(store_options or {})
         self._own_store = redis_url is not None or client is not None
@@ -260,8 +265,18 @@ class DelayMiddleware(dramatiq.Middleware):
         if not self.promote_in_workers:
             return
         self.install(broker)
-        promoter = self.build_promoter().start()
-        self._promoters[id(worker)] = promoter
+        promoter = self.build_promoter()
+        if self._wants_metrics(broker):
+            from ..metrics import PromoterMetrics
+
+            # Made after Dramatiq's Prometheus middleware booted the process, so in its multiprocess mode.
+            promoter.listener = PromoterMetrics.for_store(self.store)
+        self._promoters[id(worker)] = promoter.start()
+
+    def _wants_metrics(self, broker: dramatiq.Broker) -> bool:
+        if self.metrics is not None:
+            return self.metrics
+        return any(type(middleware).__name__ == "Prometheus" for middleware in broker.middleware)
 
     def before_worker_shutdown(self, broker: dramatiq.Broker, worker: dramatiq.Worker) -> None:
         promoter = self._promoters.pop(id(worker), None)
