@@ -15,7 +15,7 @@ Two parts:
   process runs.
 
 :func:`start_metrics_server` serves both over HTTP. Every metric has a ``namespace`` label (the store's
-namespace). docs/operations.md lists them all with alerting rules.
+namespace). The README (Operations) lists them all with alerting rules.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Celery adapter: long ``countdown=``/``eta=`` tasks are parked in Redis instead of held by workers.
 
-Enable it with configuration (see ``docs/celery.md``)::
+Enable it with configuration (see the README's Celery section)::
 
     app.conf.broker_transport = "delay_broker.celery.transport:RedisTransport"  # AmqpTransport, SQSTransport
     app.conf.broker_transport_options = {"delay_broker": {"threshold": 60}}

@@ -34,7 +34,7 @@ _REDIS_SCHEMES = ("redis", "rediss", "unix")
 
 @dataclass(frozen=True)
 class CeleryOptions:
-    """The parsed ``delay_broker`` transport options (see ``docs/celery.md`` for the reference)."""
+    """The parsed ``delay_broker`` transport options (the README's Celery section has the reference)."""
 
     enabled: bool = True
     redis_url: str | None = None
