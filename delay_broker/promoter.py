@@ -167,8 +167,7 @@ class Promoter:
             return
         except Exception:
             # A bug or an unexpected reply must not kill the promoter; log it and keep going.
-            logger.exception("Promoter %s: unexpected error; retrying.", self.id)
-            self._fault("internal", None)
+            self._unexpected("promoting")
             return
         self.counters.cycles += 1
         if full or wait <= 0 or self._stopping.is_set():
@@ -179,8 +178,7 @@ class Promoter:
             self._fault("redis", error)
         except Exception:
             # The wake list can be refused too (a key of the wrong type, a missing permission): back off.
-            logger.exception("Promoter %s: unexpected error while sleeping; retrying.", self.id)
-            self._fault("internal", None)
+            self._unexpected("sleeping")
 
     def _sleep(self, wait: float) -> None:
         """Sleep until something is due, waking at once when an earlier message is parked.
@@ -289,6 +287,14 @@ class Promoter:
         # Full jitter keeps many promoters from hammering a recovering server in step.
         ceiling = min(10.0, 0.05 * 2 ** min(self._failures, 10))
         self._stopping.wait(random.uniform(ceiling / 2, ceiling))
+
+    def _unexpected(self, doing: str) -> None:
+        # The traceback once per run of failures: a fault that repeats at every backoff would flood the log.
+        if self._failures == 0:
+            logger.exception("Promoter %s: unexpected error while %s; retrying.", self.id, doing)
+        else:
+            logger.debug("Promoter %s: unexpected error while %s again.", self.id, doing, exc_info=True)
+        self._fault("internal", None)
 
     def _recovered(self) -> None:
         if self._redis_down:

@@ -504,7 +504,10 @@ class DelayStore:
         Returns True when woken. Uses BLPOP, so a sleeping promoter costs Redis nothing.
         """
         timeout = max(timeout, 0.001)
-        socket_timeout = self.client.get_connection_kwargs().get("socket_timeout")
+        kwargs = self.client.get_connection_kwargs()
+        # redis-py 8 leaves its default socket timeout (5 s) out of the kwargs of a pool made from a URL (such as
+        # a Dramatiq RedisBroker's) and keeps it as orig_socket_timeout: a 5 s BLPOP would then time out.
+        socket_timeout = kwargs["socket_timeout"] if "socket_timeout" in kwargs else kwargs.get("orig_socket_timeout")
         if socket_timeout:
             timeout = min(timeout, max(float(socket_timeout) - 1.0, 0.001))
         keys = [self.keys.wake_one(promoter_id), self.keys.wake]

@@ -49,7 +49,7 @@ class Parker:
             due=due,
         )
         if info.expires is not None and info.expires <= due:
-            logger.info(
+            logger.debug(
                 "delay_broker: task %s[%s] expires at %s, before it is due at %s: Celery will discard it on delivery",
                 info.name,
                 info.id,

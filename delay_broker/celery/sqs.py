@@ -6,21 +6,15 @@ from typing import Any
 
 from kombu.transport import SQS as kombu_sqs
 
-from .transport import DelayBrokerTransport, _park_virtual, _watch_control
+from .transport import DelayBrokerTransport, WatchesRevokes, _park_virtual
 
 
-class SQSChannel(kombu_sqs.Channel):
+class SQSChannel(WatchesRevokes, kombu_sqs.Channel):
     def _put(self, queue: str, message: dict[str, Any], **kwargs: Any) -> Any:
         # SQS has no priority lists: the route is the kombu queue name (before the queue-name prefix).
         if _park_virtual(self, queue, message, queue):
             return None
         return super()._put(queue, message, **kwargs)  # type: ignore[no-untyped-call]
-
-    def basic_publish(self, message: dict[str, Any], exchange: str, routing_key: str, **kwargs: Any) -> Any:
-        # SQS drops fanout publishes (no SNS), so the revoke broadcast is only visible here.
-        body, ctype, cenc = message.get("body"), message.get("content-type"), message.get("content-encoding")
-        _watch_control(self.connection.delay_broker, exchange, body, ctype, cenc)
-        return super().basic_publish(message, exchange, routing_key, **kwargs)  # type: ignore[no-untyped-call]
 
 
 class SQSTransport(DelayBrokerTransport, kombu_sqs.Transport):
@@ -28,7 +22,3 @@ class SQSTransport(DelayBrokerTransport, kombu_sqs.Transport):
 
     Channel = SQSChannel
     delay_broker_kind = "sqs"
-
-    def __init__(self, client: Any, **kwargs: Any) -> None:
-        super().__init__(client, **kwargs)  # type: ignore[no-untyped-call]
-        self._setup_delay_broker(client)

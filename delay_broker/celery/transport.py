@@ -41,7 +41,8 @@ class DelayBrokerTransport:
     delay_broker_options: CeleryOptions
     delay_broker: Parker | None
 
-    def _setup_delay_broker(self, client: Any) -> None:
+    def __init__(self, client: Any, **kwargs: Any) -> None:
+        super().__init__(client, **kwargs)  # type: ignore[call-arg]
         self.delay_broker_options = options = options_of(client.transport_options)
         self.delay_broker = Parker.for_connection(options, self.delay_broker_kind, client) if options.enabled else None
 
@@ -68,7 +69,21 @@ def _watch_control(channel_parker: Parker | None, exchange: str, body: Any, cont
         channel_parker.cancel_revoked(revoked_ids(body, content_type, encoding))
 
 
-class RedisChannel(kombu_redis.Channel):
+class WatchesRevokes:
+    """Virtual channels: cancel parked tasks named by a ``revoke`` broadcast this process publishes.
+
+    ``basic_publish`` sees the pidbox broadcast before routing; on SQS (no fanout) it is the only place.
+    """
+
+    connection: Any
+
+    def basic_publish(self, message: dict[str, Any], exchange: str, routing_key: str, **kwargs: Any) -> Any:
+        body, ctype, cenc = message.get("body"), message.get("content-type"), message.get("content-encoding")
+        _watch_control(self.connection.delay_broker, exchange, body, ctype, cenc)
+        return super().basic_publish(message, exchange, routing_key, **kwargs)  # type: ignore[misc]
+
+
+class RedisChannel(WatchesRevokes, kombu_redis.Channel):
     def _put(self, queue: str, message: dict[str, Any], **kwargs: Any) -> Any:
         priority = self._get_message_priority(message, reverse=False)  # type: ignore[no-untyped-call]
         route: str = self._q_for_pri(queue, priority)  # type: ignore[no-untyped-call]
@@ -78,21 +93,12 @@ class RedisChannel(kombu_redis.Channel):
             return None
         return super()._put(queue, message, **kwargs)  # type: ignore[no-untyped-call]
 
-    def basic_publish(self, message: dict[str, Any], exchange: str, routing_key: str, **kwargs: Any) -> Any:
-        body, ctype, cenc = message.get("body"), message.get("content-type"), message.get("content-encoding")
-        _watch_control(self.connection.delay_broker, exchange, body, ctype, cenc)
-        return super().basic_publish(message, exchange, routing_key, **kwargs)  # type: ignore[no-untyped-call]
-
 
 class RedisTransport(DelayBrokerTransport, kombu_redis.Transport):
     """kombu's Redis transport, parking tasks whose eta is further away than the threshold."""
 
     Channel = RedisChannel
     delay_broker_kind = "redis"
-
-    def __init__(self, client: Any, **kwargs: Any) -> None:
-        super().__init__(client, **kwargs)  # type: ignore[no-untyped-call]
-        self._setup_delay_broker(client)
 
 
 # -- pyamqp ----------------------------------------------------------------------------------------------------
@@ -152,10 +158,6 @@ class AmqpTransport(DelayBrokerTransport, kombu_pyamqp.Transport):
 
     Connection = AmqpConnection
     delay_broker_kind = "amqp"
-
-    def __init__(self, client: Any, **kwargs: Any) -> None:
-        super().__init__(client, **kwargs)  # type: ignore[no-untyped-call]
-        self._setup_delay_broker(client)
 
 
 # -- SQS (needs boto3: imported only when asked for) -------------------------------------------------------------
