@@ -248,9 +248,9 @@ class Promoter:
                 delivered.append(message.id)
                 elapsed_ms = int((time.monotonic() - started) * 1000)
                 lateness.append(now_ms + elapsed_ms - message.due_ms)
-        if delivered:
-            self.store.ack(deadline_ms, delivered)
         dead = 0
+        # Give back first: if Redis fails between the two calls, released messages must not wait out a lease
+        # (its expiry counts as an attempt); delivered ones waiting out theirs are merely delivered again.
         if failures:
             outcomes: list[str] = self.store.nack(deadline_ms, failures)
             dead = outcomes.count("dead")
@@ -258,6 +258,8 @@ class Promoter:
             for (id, reason, _), outcome in zip(failures, outcomes, strict=True):
                 if outcome == "dead":
                     logger.warning("Promoter %s: dead-lettered %s: %s", self.id, id, reason)
+        if delivered:
+            self.store.ack(deadline_ms, delivered)
         self._promoted(lateness, dead)
         if outage is not None:
             raise outage

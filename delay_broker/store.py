@@ -299,6 +299,14 @@ class DelayStore:
         reply = int(self._run("reschedule", [k.due, k.seq, k.wake, k.msg], [id, kind, value, MAX_DUE_MS, encoded]))
         return None if reply < 0 else reply
 
+    def now_ms(self) -> int:
+        """The Redis server's clock, by which every due time is kept."""
+        try:
+            seconds, micros = self.client.time()
+        except (redis.ConnectionError, redis.TimeoutError) as error:
+            raise StoreUnavailable(f"Redis unavailable: {error}") from error
+        return int(seconds) * 1000 + int(micros) // 1000
+
     def record_routes(self, routes: Iterable[str]) -> None:
         """Remember routes producers parked for, so promoters in other processes may deliver to them.
 
@@ -541,20 +549,30 @@ class DelayStore:
     # -- dead letters ----------------------------------------------------------------------------------
 
     def requeue_dead(self, ids: Sequence[str] | None = None) -> int:
-        """Park dead-lettered messages again, due now, attempts reset. ``ids=None`` requeues all."""
+        """Park dead-lettered messages again, due now, attempts reset. ``ids=None`` requeues all.
+
+        Dead letters with no payload (nothing to requeue) stay; purge them with :meth:`purge_dead`.
+        """
         k = self.keys
         keys = [k.dead, k.due, k.msg, k.attempts, k.errors, k.seq, k.wake, k.stats]
-        if ids is None:
-            total = 0
-            while True:
-                reply = self._run("requeue", keys, [MAX_BATCH])
-                total += int(reply[0])
-                if int(reply[0]) == 0:
-                    return total
-        total = 0
-        for chunk in _chunks([check_id(id) for id in ids]):
-            total += int(self._run("requeue", keys, [MAX_BATCH, *chunk])[0])
-        return total
+        if ids is not None:
+            return sum(
+                int(self._run("requeue", keys, [MAX_BATCH, *chunk])[0])
+                for chunk in _chunks([check_id(id) for id in ids])
+            )
+        total, skipped = 0, 0
+        while True:
+            # Requeued ids leave the dead set and skipped ones stay at its head: page past the skipped.
+            try:
+                members: list[bytes] = self.client.zrange(k.dead, skipped, skipped + MAX_BATCH - 1)  # type: ignore[assignment]
+                page = [member.decode() for member in members]
+            except (redis.ConnectionError, redis.TimeoutError) as error:
+                raise StoreUnavailable(f"Redis unavailable during requeue: {error}") from error
+            if not page:
+                return total
+            reply = self._run("requeue", keys, [MAX_BATCH, *page])
+            total += int(reply[0])
+            skipped += len(reply) - 1
 
     def purge_dead(self, ids: Sequence[str] | None = None) -> int:
         """Delete dead-lettered messages for good. ``ids=None`` purges all."""

@@ -24,7 +24,7 @@ from dramatiq.errors import QueueNotFound, Retry
 from redis.backoff import NoBackoff
 from redis.retry import Retry as RedisRetry
 
-from delay_broker import ConfigurationError, DelayStore, Envelope, InvalidDelay, StoreUnavailable
+from delay_broker import ConfigurationError, DelayStore, Envelope, InvalidDelay, PayloadTooLarge, StoreUnavailable
 from delay_broker.dramatiq import DEFAULT_THRESHOLD, DelayMiddleware, build_promoter, delay_ms
 from delay_broker.embedded import free_port
 
@@ -294,6 +294,19 @@ def test_store_outage_keeps_a_retry_and_reports_a_send() -> None:
     message = actor.message()
     broker.enqueue(dramatiq.MessageProxy(message), delay=5000)  # type: ignore[arg-type]  # as Retries does
     assert broker.queues["outage.DQ"].qsize() == 1
+
+
+def test_a_retry_the_store_refuses_for_any_reason_is_kept(client: redis.Redis, namespace: str) -> None:
+    """Not only an outage: a full Redis, a read-only replica or a payload over the limit must not lose it."""
+    broker = StubBroker()
+    broker.add_middleware(
+        DelayMiddleware(client=client, namespace=namespace, threshold=1, store_options={"max_payload_bytes": 10})
+    )
+    actor = dramatiq.actor(broker=broker, queue_name="refused", actor_name="refused")(lambda: None)
+    with pytest.raises(PayloadTooLarge):
+        actor.send_with_options(delay=5000)
+    broker.enqueue(dramatiq.MessageProxy(actor.message()), delay=5000)  # type: ignore[arg-type]  # as Retries does
+    assert broker.queues["refused.DQ"].qsize() == 1
 
 
 def test_one_middleware_per_broker(client: redis.Redis, namespace: str) -> None:

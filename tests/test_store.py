@@ -327,3 +327,22 @@ def test_all_keys_share_one_hash_tag(store, client):
     store.nack(claim.lease_deadline_ms, [("job", "x", "dead")])
     keys = store_keys(client, store)
     assert keys and all(f"{{{store.keys.namespace}}}".encode() in key for key in keys)
+
+
+def test_requeue_all_passes_over_dead_letters_with_nothing_to_requeue(store, client):
+    client.zadd(store.keys.dead, {f"empty-{n}": n for n in range(1500)})  # the oldest, with no payload
+    store.park_many([ParkRequest(f"job-{n}", envelope(), delay=0) for n in range(3)])
+    claim = store.claim(10, lease=30, promoter_id="p")
+    store.nack(claim.lease_deadline_ms, [(m.id, "bad", "dead") for m in claim.messages])
+    assert store.requeue_dead() == 3
+    assert store.stats().dead == 1500 and store.stats().parked == 3
+
+
+def test_reschedule_refuses_a_wrong_type_key_before_changing_anything(store, client):
+    store.park("job", envelope(b"old"), delay=3600)
+    before = client.zscore(store.keys.due, "job")
+    client.set(store.keys.wake, "not a list")
+    with pytest.raises(DelayBrokerError, match="WRONGTYPE"):
+        store.reschedule("job", delay=0, envelope=envelope(b"new"))
+    assert client.zscore(store.keys.due, "job") == before
+    assert store.get("job").envelope.payload == b"old"

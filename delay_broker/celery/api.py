@@ -187,13 +187,15 @@ def reschedule(
     if countdown is not None:
         if isinstance(countdown, bool) or not isinstance(countdown, int | float) or not countdown >= 0:
             raise InvalidDelay(f"countdown must be a non-negative number of seconds, got {countdown!r}")
-        due = datetime.now(timezone.utc) + timedelta(seconds=countdown)
+        due = None  # from the Redis clock, like every relative delay, once the store is known
     else:
         parsed = parse_celery_time(eta)
         if parsed is None:
             raise InvalidDelay(f"eta must be a datetime or an ISO 8601 string, got {eta!r}")
         due = parsed
     store = store_for(app)
+    if due is None:
+        due = datetime.fromtimestamp(store.now_ms() / 1000, timezone.utc) + timedelta(seconds=countdown or 0)
     info = store.get(task_id)
     envelope = info.envelope if info is not None and info.state == "due" else None
     if envelope is None:

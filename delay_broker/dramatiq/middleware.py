@@ -17,7 +17,7 @@ from dramatiq.errors import QueueNotFound
 
 from ..clock import ms_to_datetime
 from ..envelope import Envelope
-from ..errors import ConfigurationError, InvalidDelay, StoreUnavailable
+from ..errors import ConfigurationError, DelayBrokerError, InvalidDelay
 from ..keys import DEFAULT_NAMESPACE
 from ..promoter import Deliverer, DirectDeliverer, Promoter
 from ..store import DelayStore, MessageInfo
@@ -202,20 +202,24 @@ class DelayMiddleware(dramatiq.Middleware):
         )
         try:
             self.store.park(parked.message_id, envelope, delay=timedelta(milliseconds=delay))
-        except StoreUnavailable:
+        except DelayBrokerError as error:
             if not isinstance(message, dramatiq.MessageProxy):
                 raise  # the caller sees it and decides
-            return self._fall_back(message, delay)
+            # Any store failure (down, read-only replica, out of memory, no permission, payload too large):
+            # an exception from inside Retries is swallowed by Dramatiq and the retry lost.
+            return self._fall_back(message, delay, error)
         logger.debug("Parked message %s for %r for %d ms.", parked.message_id, queue_name, delay)
         return parked
 
-    def _fall_back(self, message: dramatiq.MessageProxy, delay: int) -> AnyMessage:
+    def _fall_back(self, message: dramatiq.MessageProxy, delay: int, error: DelayBrokerError) -> AnyMessage:
         # A retry from inside a worker: an exception here is swallowed by Dramatiq and the message acked,
         # i.e. lost. Better a retry held natively (or sooner, at the broker's limit) than none.
         assert self._original_enqueue is not None and self.broker is not None
         cap = native_cap_ms(self.broker)
         native = delay if cap is None else min(delay, cap)
-        logger.error("Delay store unavailable; retry of %s handed to the broker, delayed %d ms.", message, native)
+        logger.error(
+            "Delay store refused a retry (%s); %s handed to the broker, delayed %d ms.", error, message, native
+        )
         return self._original_enqueue(message, delay=native)
 
     # -- managing parked messages ----------------------------------------------------------------------

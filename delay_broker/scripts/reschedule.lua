@@ -8,6 +8,11 @@
 -- ARGV[4] max_due_ms  ARGV[5] new envelope, or '' to keep the stored one
 -- Returns the new due time in ms, or -1 when the id is not parked (unknown, in flight or dead).
 
+local problem = wrong_type(KEYS[1], 'zset', KEYS[2], 'string', KEYS[3], 'list', KEYS[4], 'hash')
+if problem then
+    return problem
+end
+
 local id = ARGV[1]
 if not redis.call('ZSCORE', KEYS[1], id) then
     return -1
