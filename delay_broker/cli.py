@@ -7,8 +7,10 @@ imports without them, because the Celery adapter's ``celery delay-broker`` comma
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import sys
+from collections.abc import Callable, Iterator
 from typing import Any
 
 try:
@@ -18,7 +20,6 @@ except ImportError:  # pragma: no cover - depends on the install
     click = None  # type: ignore[assignment]
 
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
-LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
 
 def main() -> None:
@@ -57,26 +58,28 @@ def configure_logging(level: str | int = "INFO") -> None:
     logging.getLogger("delay_broker").setLevel(numeric)
 
 
-def run_until_signalled(promoter: Any, *, log_level: str | int | None = "INFO") -> None:
-    """Run a promoter in this thread; SIGINT and SIGTERM stop it after the batch in hand.
-
-    ``log_level=None`` leaves logging as the caller set it up. The previous signal handlers are put back
-    when the promoter has stopped.
-    """
+@contextlib.contextmanager
+def on_stop_signals(callback: Callable[[], None]) -> Iterator[None]:
+    """Call ``callback`` on SIGINT or SIGTERM while inside; the previous handlers are put back after."""
     import signal
 
-    if log_level is not None:
-        configure_logging(log_level)
-
-    def stop(signum: int, frame: Any) -> None:
-        promoter.request_stop()
-
-    previous = {signum: signal.signal(signum, stop) for signum in (signal.SIGINT, signal.SIGTERM)}
+    previous = {signum: signal.signal(signum, lambda *_: callback()) for signum in (signal.SIGINT, signal.SIGTERM)}
     try:
-        promoter.run()
+        yield
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
+
+
+def run_until_signalled(promoter: Any, *, log_level: str | int | None = "INFO") -> None:
+    """Run a promoter in this thread; SIGINT and SIGTERM stop it after the batch in hand.
+
+    ``log_level=None`` leaves logging as the caller set it up.
+    """
+    if log_level is not None:
+        configure_logging(log_level)
+    with on_stop_signals(promoter.request_stop):
+        promoter.run()
 
 
 if click is not None:

@@ -35,6 +35,8 @@ from .errors import DelayBrokerError
 from .keys import DEFAULT_NAMESPACE
 from .store import DelayStore, MessageInfo
 
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
+
 F = TypeVar("F", bound=Callable[..., Any])
 ListState = Literal["due", "inflight", "dead"]
 
@@ -143,15 +145,6 @@ def confirm(action: str, question: str, yes: bool) -> None:
         )
     if not click.confirm(question, default=False, err=True):
         raise click.ClickException("aborted: nothing was changed")
-
-
-def redis_now_ms(store: DelayStore) -> int:
-    """Now on the Redis server's clock (the clock due times are measured by)."""
-    try:
-        seconds, micros = store.client.time()
-    except (redis.ConnectionError, redis.TimeoutError) as error:
-        raise click.ClickException(f"Redis unavailable: {error}") from None
-    return int(seconds) * 1000 + int(micros) // 1000
 
 
 def cell(value: object) -> Text:
@@ -289,7 +282,7 @@ def list_page(
     offset: int,
     limit: int,
 ) -> None:
-    now = redis_now_ms(session.store)
+    now = session.store.now_ms()
     try:
         start_ms = None if start is None else parse_when(start, now)
         end_ms = None if end is None else parse_when(end, now)
@@ -392,7 +385,7 @@ def show_message(session: Session, info: MessageInfo) -> None:
     if session.as_json:
         emit_json(record)
         return
-    store_now = redis_now_ms(session.store)
+    store_now = session.store.now_ms()
     details = Table(show_header=False, title=f"message {printable(info.id)!r}", title_justify="left")
     details.add_column("field", style="bold")
     details.add_column("value", overflow="fold")
@@ -557,7 +550,7 @@ def reschedule(
     if as_json:
         emit_json({"id": id, "due_ms": due_ms, "due": iso_time(due_ms)})
     else:
-        store_now = redis_now_ms(session.store)
+        store_now = session.store.now_ms()
         session.console.print(
             Text(f"Rescheduled {printable(id)!r}: due {format_time(due_ms)} ({format_relative(due_ms, store_now)}).")
         )
@@ -639,20 +632,17 @@ def dead_requeue(
                 f"Requeue all {count:,} dead-lettered messages in namespace {namespace!r}? They run again.",
                 yes,
             )
-            requeued = session.store.requeue_dead(None)
+            requeued = session.store.requeue_dead(None).count
     else:
-        requeued = session.store.requeue_dead(list(ids))
-        if requeued < len(set(ids)):
-            missing = [
-                id for id in dict.fromkeys(ids) if (info := session.store.get(id)) is None or info.state != "dead"
-            ]
+        result = session.store.requeue_dead(list(dict.fromkeys(ids)))
+        requeued, missing = result.count, result.not_requeued
     if as_json:
-        emit_json({"requeued": requeued, "not_dead": missing})
+        emit_json({"requeued": requeued, "not_requeued": missing})
     else:
         session.console.print(f"Requeued {requeued:,} message(s): due now.")
     if missing:
         shown = ", ".join(repr(printable(id)) for id in missing[:20])
-        click.echo(f"Not dead-lettered (nothing done): {shown}", err=True)
+        click.echo(f"Not requeued (not dead-lettered, or no payload): {shown}", err=True)
         sys.exit(1)
 
 
@@ -716,7 +706,7 @@ def build_app_promoter(dramatiq_broker: str | None, celery_app: str | None, over
 )
 @click.option(
     "--log-level",
-    type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR"], case_sensitive=False),
+    type=click.Choice(LOG_LEVELS, case_sensitive=False),
     default="INFO",
     show_default=True,
     help="Level of the delay_broker log lines (start/stop, Redis lost/regained, dead letters).",
@@ -828,20 +818,12 @@ def metrics_command(port: int, addr: str, print_once: bool, namespaces: Sequence
 
 def wait_for_signal() -> None:
     """Block until SIGINT or SIGTERM."""
-    import signal
+    from .cli import on_stop_signals  # imported here: delay_broker.cli imports this module
 
     stopped = threading.Event()
-
-    def stop(signum: int, frame: Any) -> None:
-        stopped.set()
-
-    previous = {signum: signal.signal(signum, stop) for signum in (signal.SIGINT, signal.SIGTERM)}
-    try:
+    with on_stop_signals(stopped.set):
         while not stopped.wait(1.0):
             pass
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
 
 
 # -- demo ------------------------------------------------------------------------------------------------------------

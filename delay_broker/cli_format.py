@@ -15,6 +15,7 @@ import re
 from datetime import datetime, timezone
 from typing import Any
 
+from .clock import due_to_ms, ms_to_datetime
 from .envelope import Envelope
 from .store import DelayStore, MessageInfo, StoreStats
 
@@ -86,14 +87,14 @@ def parse_when(text: str, now_ms: int) -> int:
             return now_ms + sign * round(parse_duration(body) * 1000)
         except ValueError:
             pass
-    return math.ceil(parse_iso(cleaned).timestamp() * 1000)
+    return due_to_ms(parse_iso(cleaned))
 
 
 def format_time(ms: int | None) -> str:
     """``2030-01-31 12:00:00.250Z`` (UTC), or ``-``."""
     if ms is None:
         return "-"
-    moment = datetime.fromtimestamp(ms / 1000, tz=timezone.utc)
+    moment = ms_to_datetime(ms)
     text = moment.strftime("%Y-%m-%d %H:%M:%S")
     if ms % 1000:
         text += f".{ms % 1000:03d}"
@@ -104,7 +105,7 @@ def iso_time(ms: int | None) -> str | None:
     """ISO 8601 with milliseconds and a ``Z`` (for JSON output), or None."""
     if ms is None:
         return None
-    moment = datetime.fromtimestamp(ms / 1000, tz=timezone.utc)
+    moment = ms_to_datetime(ms)
     return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
 from .errors import DeliveryRefused, StoreUnavailable, TargetUnavailable
-from .store import ClaimedMessage, DelayStore, NackAction, new_promoter_id
+from .store import MAX_BATCH, ClaimedMessage, DelayStore, NackAction, new_promoter_id
 from .targets import ListTarget
 
 logger = logging.getLogger("delay_broker.promoter")
@@ -101,7 +101,7 @@ class Promoter:
     ) -> None:
         if not isinstance(deliverer, DirectDeliverer | Deliverer):
             raise TypeError("deliverer must have a deliver(message) or a direct_routes() method")
-        if not 1 <= batch <= 1000 or lease <= 0 or max_idle <= 0:
+        if not 1 <= batch <= MAX_BATCH or lease <= 0 or max_idle <= 0:
             raise ValueError("batch must be 1..1000, lease and max_idle positive")
         self.store = store
         self.deliverer = deliverer

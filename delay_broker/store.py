@@ -6,6 +6,8 @@ Lua script (see ``delay_broker/scripts``), so each is atomic and costs one round
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import os
 import socket
 import time
@@ -110,6 +112,14 @@ class MessageInfo:
 
 
 @dataclass(frozen=True)
+class Requeued:
+    count: int
+    """Dead letters parked again."""
+    not_requeued: list[str]
+    """Ids given (or found) that were not: not dead-lettered, or with no payload to requeue."""
+
+
+@dataclass(frozen=True)
 class StoreStats:
     now_ms: int
     parked: int
@@ -182,17 +192,23 @@ class DelayStore:
         client = redis.Redis.from_url(url, health_check_interval=30, socket_keepalive=True, **client_options)
         return cls(client, **options)
 
-    def _run(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
+    @contextlib.contextmanager
+    def _redis(self, doing: str) -> Iterator[None]:
+        """Redis errors as delay_broker's: unreachable -> StoreUnavailable, refused -> DelayBrokerError."""
         try:
-            return self._scripts[name](keys=keys, args=args)
+            yield
         except (redis.ConnectionError, redis.TimeoutError) as error:
-            raise StoreUnavailable(f"Redis unavailable during {name}: {error}") from error
+            raise StoreUnavailable(f"Redis unavailable during {doing}: {error}") from error
         except redis.ResponseError as error:
             # The scripts' own input errors start with "delay_broker:"; anything else (a key of the wrong type,
             # a missing permission) is reported as Redis said it, with the key names it gave.
             if str(error).startswith("delay_broker:"):
                 raise InvalidDelay(str(error).split("delay_broker:", 1)[1].strip()) from None
-            raise DelayBrokerError(f"Redis refused {name}: {error}") from error
+            raise DelayBrokerError(f"Redis refused {doing}: {error}") from error
+
+    def _run(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        with self._redis(name):
+            return self._scripts[name](keys=keys, args=args)
 
     # -- producers -------------------------------------------------------------------------------------
 
@@ -239,30 +255,19 @@ class DelayStore:
 
     def _encode_request(self, request: ParkRequest) -> tuple[str, str, int, bytes]:
         check_id(request.id)
-        if (request.delay is None) == (request.due is None):
-            raise InvalidDelay(f"give exactly one of delay and due for {request.id!r}")
-        kind, value = ("d", delay_to_ms(request.delay)) if request.delay is not None else ("a", 0)
-        if request.due is not None:
-            value = due_to_ms(request.due)
-        envelope = request.envelope
+        kind, value = _due_argument(request.delay, request.due, request.id)
+        return request.id, kind, value, self._encode_envelope(request.id, request.envelope)
+
+    def _encode_envelope(self, id: str, envelope: Envelope) -> bytes:
         if not isinstance(envelope.payload, bytes):
             raise InvalidMessage(f"payload must be bytes, got {type(envelope.payload).__name__}")
         if len(envelope.payload) > self.max_payload_bytes:
             raise PayloadTooLarge(
-                f"payload of {request.id!r} is {len(envelope.payload)} bytes, over the limit of "
-                f"{self.max_payload_bytes}"
+                f"payload of {id!r} is {len(envelope.payload)} bytes, over the limit of {self.max_payload_bytes}"
             )
         if not envelope.parked_at_ms:
-            envelope = Envelope(
-                route=envelope.route,
-                payload=envelope.payload,
-                framework=envelope.framework,
-                name=envelope.name,
-                hash_field=envelope.hash_field,
-                parked_at_ms=int(time.time() * 1000),
-                extra=envelope.extra,
-            )
-        return request.id, kind, value, envelope.encode()
+            envelope = dataclasses.replace(envelope, parked_at_ms=int(time.time() * 1000))
+        return envelope.encode()
 
     def cancel(self, id: str) -> bool:
         """Remove a parked (or dead-lettered) message. False if it is unknown, gone or being promoted."""
@@ -291,20 +296,16 @@ class DelayStore:
         due time, such as a Celery message's ``eta`` header).
         """
         check_id(id)
-        if (delay is None) == (due is None):
-            raise InvalidDelay("give exactly one of delay and due")
-        kind, value = ("d", delay_to_ms(delay)) if delay is not None else ("a", due_to_ms(due))  # type: ignore[arg-type]
-        encoded = b"" if envelope is None else self._encode_request(ParkRequest(id, envelope, delay=0))[3]
+        kind, value = _due_argument(delay, due, id)
+        encoded = b"" if envelope is None else self._encode_envelope(id, envelope)
         k = self.keys
         reply = int(self._run("reschedule", [k.due, k.seq, k.wake, k.msg], [id, kind, value, MAX_DUE_MS, encoded]))
         return None if reply < 0 else reply
 
     def now_ms(self) -> int:
         """The Redis server's clock, by which every due time is kept."""
-        try:
+        with self._redis("TIME"):
             seconds, micros = self.client.time()
-        except (redis.ConnectionError, redis.TimeoutError) as error:
-            raise StoreUnavailable(f"Redis unavailable: {error}") from error
         return int(seconds) * 1000 + int(micros) // 1000
 
     def record_routes(self, routes: Iterable[str]) -> None:
@@ -315,16 +316,12 @@ class DelayStore:
         """
         names = [route for route in routes if isinstance(route, str) and route]
         if names:
-            try:
+            with self._redis("recording routes"):
                 self.client.sadd(self.keys.routes, *names)
-            except (redis.ConnectionError, redis.TimeoutError) as error:
-                raise StoreUnavailable(f"Redis unavailable while recording routes: {error}") from error
 
     def recorded_routes(self) -> set[str]:
-        try:
+        with self._redis("reading routes"):
             members = self.client.smembers(self.keys.routes)
-        except (redis.ConnectionError, redis.TimeoutError) as error:
-            raise StoreUnavailable(f"Redis unavailable while reading routes: {error}") from error
         return {member.decode() if isinstance(member, bytes) else str(member) for member in members}
 
     # -- inspection ------------------------------------------------------------------------------------
@@ -519,24 +516,18 @@ class DelayStore:
         if socket_timeout:
             timeout = min(timeout, max(float(socket_timeout) - 1.0, 0.001))
         keys = [self.keys.wake_one(promoter_id), self.keys.wake]
-        try:
+        with self._redis(f"BLPOP on the wake lists {keys}"):
             popped = self.client.blpop(keys, timeout=timeout)
-        except (redis.ConnectionError, redis.TimeoutError) as error:
-            raise StoreUnavailable(f"Redis unavailable while waiting: {error}") from error
-        except redis.ResponseError as error:
-            raise DelayBrokerError(f"Redis refused BLPOP on the wake lists {keys}: {error}") from error
         return popped is not None
 
     def wake(self, promoter_id: str) -> None:
         """Wake one particular sleeping promoter (used to stop it without waiting out its sleep)."""
         key = self.keys.wake_one(promoter_id)
-        try:
+        with self._redis("waking a promoter"):
             pipe = self.client.pipeline(transaction=True)
             pipe.lpush(key, b"stop")
             pipe.expire(key, 60)
             pipe.execute()
-        except (redis.ConnectionError, redis.TimeoutError) as error:
-            raise StoreUnavailable(f"Redis unavailable: {error}") from error
 
     def forget_promoter(self, promoter_id: str) -> None:
         """Remove a stopped promoter's heartbeat and stop marker."""
@@ -548,31 +539,27 @@ class DelayStore:
 
     # -- dead letters ----------------------------------------------------------------------------------
 
-    def requeue_dead(self, ids: Sequence[str] | None = None) -> int:
+    def requeue_dead(self, ids: Sequence[str] | None = None) -> Requeued:
         """Park dead-lettered messages again, due now, attempts reset. ``ids=None`` requeues all.
 
         Dead letters with no payload (nothing to requeue) stay; purge them with :meth:`purge_dead`.
         """
         k = self.keys
         keys = [k.dead, k.due, k.msg, k.attempts, k.errors, k.seq, k.wake, k.stats]
+        count, left = 0, list[str]()
         if ids is not None:
-            return sum(
-                int(self._run("requeue", keys, [MAX_BATCH, *chunk])[0])
-                for chunk in _chunks([check_id(id) for id in ids])
-            )
-        total, skipped = 0, 0
+            for chunk in _chunks([check_id(id) for id in ids]):
+                reply = self._run("requeue", keys, [MAX_BATCH, 0, *chunk])
+                count += int(reply[0])
+                left.extend(id.decode() for id in reply[1:])
+            return Requeued(count, left)
         while True:
-            # Requeued ids leave the dead set and skipped ones stay at its head: page past the skipped.
-            try:
-                members: list[bytes] = self.client.zrange(k.dead, skipped, skipped + MAX_BATCH - 1)  # type: ignore[assignment]
-                page = [member.decode() for member in members]
-            except (redis.ConnectionError, redis.TimeoutError) as error:
-                raise StoreUnavailable(f"Redis unavailable during requeue: {error}") from error
-            if not page:
-                return total
-            reply = self._run("requeue", keys, [MAX_BATCH, *page])
-            total += int(reply[0])
-            skipped += len(reply) - 1
+            # Requeued ids leave the dead set; those it cannot requeue stay at its head: page past them.
+            reply = self._run("requeue", keys, [MAX_BATCH, len(left)])
+            if reply == [0]:  # an empty page: nothing dead past the ones left
+                return Requeued(count, left)
+            count += int(reply[0])
+            left.extend(id.decode() for id in reply[1:])
 
     def purge_dead(self, ids: Sequence[str] | None = None) -> int:
         """Delete dead-lettered messages for good. ``ids=None`` purges all."""
@@ -584,6 +571,15 @@ class DelayStore:
                 total += deleted
             return total
         return sum(int(self._run("purge", keys, [MAX_BATCH, *chunk])) for chunk in _chunks(list(ids)))
+
+
+def _due_argument(delay: Delay | None, due: datetime | None, id: str) -> tuple[str, int]:
+    """The scripts' (kind, value) for a due time: ``("d", ms from Redis TIME)`` or ``("a", epoch ms)``."""
+    if (delay is None) == (due is None):
+        raise InvalidDelay(f"give exactly one of delay and due for {id!r}")
+    if delay is not None:
+        return "d", delay_to_ms(delay)
+    return "a", due_to_ms(due)  # type: ignore[arg-type]
 
 
 def check_id(id: object) -> str:

@@ -107,7 +107,7 @@ def exercise(store: DelayStore, client: redis.Redis, targets: dict[str, ListTarg
     store.nack(claim.lease_deadline_ms, [(claim.messages[1].id, "x", "retry"), (claim.messages[2].id, "x", "dead")])
     claim = store.claim(1, lease=30, promoter_id="p")
     store.nack(claim.lease_deadline_ms, [(claim.messages[0].id, "x", "release")])
-    assert store.requeue_dead() == 1
+    assert store.requeue_dead().count == 1
     store.park("h", hashed, delay=0)
     store.promote_direct(targets, 1000, "p")
     store.stats()

@@ -254,7 +254,7 @@ def test_nack_backoff_dead_letter_and_requeue(store, client, ready_key):
     assert info.state == "dead" and "after 3 attempts" in info.error and info.envelope.payload == b"p"
     assert [i.id for i in store.list_messages("dead")] == ["job"]
     assert store.stats().dead == 1
-    assert store.requeue_dead(["job"]) == 1
+    assert store.requeue_dead(["job"]).count == 1
     info = store.get("job")
     assert info.state == "due" and info.attempts == 0 and info.error is None
     assert promote(store, ready_key) == 1 and client.rpop(ready_key) == b"p"
@@ -281,7 +281,7 @@ def test_requeue_all_dead(store):
     store.park_many([ParkRequest(f"job-{n}", envelope(), delay=0) for n in range(5)])
     claim = store.claim(10, lease=30, promoter_id="p")
     store.nack(claim.lease_deadline_ms, [(m.id, "bad", "dead") for m in claim.messages])
-    assert store.requeue_dead() == 5
+    assert store.requeue_dead().count == 5
     assert store.stats().parked == 5
 
 
@@ -334,7 +334,8 @@ def test_requeue_all_passes_over_dead_letters_with_nothing_to_requeue(store, cli
     store.park_many([ParkRequest(f"job-{n}", envelope(), delay=0) for n in range(3)])
     claim = store.claim(10, lease=30, promoter_id="p")
     store.nack(claim.lease_deadline_ms, [(m.id, "bad", "dead") for m in claim.messages])
-    assert store.requeue_dead() == 3
+    result = store.requeue_dead()
+    assert result.count == 3 and sorted(result.not_requeued) == sorted(f"empty-{n}" for n in range(1500))
     assert store.stats().dead == 1500 and store.stats().parked == 3
 
 

@@ -236,7 +236,7 @@ class StoreMachine(RuleBasedStateMachine):
     def requeue(self, chosen: list[str] | None) -> None:
         dead = {id for id, entry in self.model.items() if entry.state == "dead"}
         expected = dead if chosen is None else dead & set(chosen)
-        assert self.store.requeue_dead(chosen) == len(expected)
+        assert self.store.requeue_dead(chosen).count == len(expected)
         for id in expected:
             entry = self.model[id]
             entry.state, entry.ready, entry.attempts = "due", True, 0

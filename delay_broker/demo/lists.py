@@ -66,8 +66,8 @@ def run_list_demo(client: redis.Redis, *, messages: int, spread: float, promoter
     """Park ``messages`` due at random over ``spread`` seconds, promote them into a ready list with
     ``promoters`` promoter threads, and pop them the way a plain worker would (BRPOP)."""
     namespace = f"demo-{uuid.uuid4().hex[:8]}"
-    ready = f"delay_broker:{{{namespace}}}:jobs:ready"
     store = DelayStore(client, namespace=namespace)
+    ready = store.keys.key("jobs:ready")
     deliverer = DirectLists({"ready": ListTarget(ready)})
     started = time.monotonic()
     due_by_id: dict[str, int] = {}

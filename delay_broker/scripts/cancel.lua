@@ -15,20 +15,20 @@ if problem then
 end
 
 local result = {}
-local removed = 0
+local removed = {}
 for i = 1, #ARGV do
     local id = ARGV[i]
     if redis.call('ZREM', KEYS[1], id) == 1 or redis.call('ZREM', KEYS[3], id) == 1 then
-        redis.call('HDEL', KEYS[2], id)
-        redis.call('HDEL', KEYS[4], id)
-        redis.call('HDEL', KEYS[5], id)
-        removed = removed + 1
+        removed[#removed + 1] = id
         result[i] = 1
     else
         result[i] = 0
     end
 end
-if removed > 0 then
-    redis.call('HINCRBY', KEYS[6], 'cancelled', removed)
+if #removed > 0 then
+    redis.call('HDEL', KEYS[2], unpack(removed))
+    redis.call('HDEL', KEYS[4], unpack(removed))
+    redis.call('HDEL', KEYS[5], unpack(removed))
+    redis.call('HINCRBY', KEYS[6], 'cancelled', #removed)
 end
 return result

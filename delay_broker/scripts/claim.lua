@@ -50,17 +50,25 @@ if ready > 0 then
         ids[#ids + 1] = due[i]
     end
     local envelopes = redis.call('HMGET', KEYS[2], unpack(ids))
+    -- One ZADD and one HSET for the whole batch: {deadline, id, deadline, id, ...} and {id, score, ...}.
+    local leases, scores = {}, {}
     for n, id in ipairs(ids) do
         local score = due[n * 2]
         if envelopes[n] then
-            redis.call('ZADD', KEYS[3], deadline, id)
-            redis.call('HSET', KEYS[4], id, score)
+            leases[#leases + 1] = deadline
+            leases[#leases + 1] = id
+            scores[#scores + 1] = id
+            scores[#scores + 1] = score
             result[#result + 1] = id
             result[#result + 1] = score
             result[#result + 1] = envelopes[n]
         else
             dead_letter(KEYS[5], KEYS[7], KEYS[8], id, 'missing payload: no envelope stored for this id', now)
         end
+    end
+    if #leases > 0 then
+        redis.call('ZADD', KEYS[3], unpack(leases))
+        redis.call('HSET', KEYS[4], unpack(scores))
     end
 end
 

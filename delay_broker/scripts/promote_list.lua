@@ -110,7 +110,7 @@ if ready > 0 then
                     items[#items + 1] = payload
                 end
                 promoted = promoted + 1
-                result[4 + promoted] = now - math.floor(tonumber(due[n * 2]) / FIFO_SLOTS)
+                result[4 + promoted] = now - due_of(due[n * 2])
             end
         end
     end

@@ -7,8 +7,9 @@
 -- KEYS[6] seq       STRING FIFO sequence
 -- KEYS[7] wake      LIST wake marker
 -- KEYS[8] stats     HASH counters
--- ARGV[1] limit (<= 1000) when no ids follow: requeue the oldest dead letters; ARGV[2..] ids
--- Returns {requeued, ids skipped because they have no payload to requeue...}.
+-- ARGV[1] limit (<= 1000) and ARGV[2] offset when no ids follow: requeue dead letters from that rank on (the
+-- caller skips those it could not requeue before); ARGV[3..] ids
+-- Returns {requeued, ids not requeued: not dead-lettered, or with no payload to requeue...}.
 
 local problem = wrong_type(KEYS[1], 'zset', KEYS[2], 'zset', KEYS[3], 'hash', KEYS[4], 'hash', KEYS[5], 'hash',
     KEYS[6], 'string', KEYS[7], 'list', KEYS[8], 'hash')
@@ -17,26 +18,25 @@ if problem then
 end
 
 local ids = {}
-for i = 2, #ARGV do
+for i = 3, #ARGV do
     ids[#ids + 1] = ARGV[i]
 end
 if #ids == 0 then
-    ids = redis.call('ZRANGE', KEYS[1], 0, tonumber(ARGV[1]) - 1)
+    local offset = tonumber(ARGV[2])
+    ids = redis.call('ZRANGE', KEYS[1], offset, offset + tonumber(ARGV[1]) - 1)
 end
 local now = now_ms()
 local seq = next_seq(KEYS[6], #ids)
 local result = {0}
 for n, id in ipairs(ids) do
-    if redis.call('ZSCORE', KEYS[1], id) then
-        if redis.call('HEXISTS', KEYS[3], id) == 1 then
-            redis.call('ZREM', KEYS[1], id)
-            redis.call('ZADD', KEYS[2], score_for(now, seq + n - 1), id)
-            redis.call('HDEL', KEYS[4], id)
-            redis.call('HDEL', KEYS[5], id)
-            result[1] = result[1] + 1
-        else
-            result[#result + 1] = id
-        end
+    if redis.call('ZSCORE', KEYS[1], id) and redis.call('HEXISTS', KEYS[3], id) == 1 then
+        redis.call('ZREM', KEYS[1], id)
+        redis.call('ZADD', KEYS[2], score_for(now, seq + n - 1), id)
+        redis.call('HDEL', KEYS[4], id)
+        redis.call('HDEL', KEYS[5], id)
+        result[1] = result[1] + 1
+    else
+        result[#result + 1] = id
     end
 end
 if result[1] > 0 then
