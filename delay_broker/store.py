@@ -34,6 +34,13 @@ from .keys import DEFAULT_NAMESPACE, DEFAULT_PREFIX, Keyspace
 from .targets import ListTarget
 
 MAX_BATCH = 1000
+CLIENT_DEFAULTS: dict[str, Any] = {
+    "socket_connect_timeout": 5.0,
+    "socket_timeout": 30.0,
+    "socket_keepalive": True,
+    "health_check_interval": 30,
+}
+"""Client settings for stores made from a URL: fail fast when Redis is unreachable, notice dead peers."""
 MAX_ID_LENGTH = 512
 DEFAULT_MAX_PAYLOAD = 1024 * 1024
 
@@ -187,9 +194,7 @@ class DelayStore:
         """
         store_options = ("namespace", "prefix", "max_payload_bytes", "max_attempts", "retry_backoff")
         client_options = {key: options.pop(key) for key in list(options) if key not in store_options}
-        client_options.setdefault("socket_connect_timeout", 5.0)
-        client_options.setdefault("socket_timeout", 30.0)
-        client = redis.Redis.from_url(url, health_check_interval=30, socket_keepalive=True, **client_options)
+        client = redis.Redis.from_url(url, **{**CLIENT_DEFAULTS, **client_options})
         return cls(client, **options)
 
     @contextlib.contextmanager

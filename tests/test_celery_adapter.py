@@ -212,3 +212,16 @@ def test_disabled_adapter_leaves_celery_alone(redis_server: EmbeddedRedis, uniqu
         client = redis_server.client()
         client.delete(*client.scan_iter(f"p{unique}:*"))
         app.close()
+
+
+def test_prioritised_routes_follow_the_transport_separator(client: redis.Redis, namespace: str) -> None:
+    from delay_broker.celery.delivery import AllowedRoutes, VirtualRepublisher, redis_priority_routes
+    from delay_broker.celery.stores import RouteBook
+
+    routes, sep = redis_priority_routes({"q"}, {"sep": ":", "priority_steps": [0, 5]})
+    assert (routes, sep) == ({"q", "q:5"}, ":")
+    assert redis_priority_routes({"q"}, {})[0] == {"q", "q\x06\x163", "q\x06\x166", "q\x06\x169"}
+    allowed = AllowedRoutes(routes, RouteBook(DelayStore(client, namespace=namespace)))
+    publisher = VirtualRepublisher(lambda: None, allowed, sep)
+    assert publisher._matches("q", "q:5") and not publisher._matches("q", "q\x06\x165")
+    assert not VirtualRepublisher(lambda: None, allowed)._matches("q", "q:5"), "SQS has no priority lists"

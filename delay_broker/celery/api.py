@@ -2,24 +2,25 @@
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta, timezone
+import dataclasses
+from datetime import datetime, timezone
 from typing import Any
 from urllib.parse import urlsplit
 
+from ..clock import delay_to_ms, ms_to_datetime
 from ..envelope import Envelope
 from ..errors import ConfigurationError, InvalidDelay
 from ..promoter import Deliverer, DirectDeliverer, Promoter, PromoterListener
 from ..store import DelayStore, MessageInfo
 from .config import OPTIONS_KEY, CeleryOptions, Kind, kind_of_scheme, parse_options
 from .delivery import (
-    REDIS_PRIORITY_STEPS,
-    REDIS_SEP,
     AllowedRoutes,
     AmqpRepublisher,
     RedisDirect,
     VirtualRepublisher,
     declared_amqp_routes,
     declared_queues,
+    redis_priority_routes,
 )
 from .messages import dumps, loads, parse_celery_time
 from .stores import RouteBook, same_redis, shared_store, store_client
@@ -129,7 +130,7 @@ def build_promoter(app: Any, *, listener: PromoterListener | None = None, **over
     options = app_options(app, **overrides)
     kind, _ = transport_kind(app)
     with app.connection_for_write() as connection:
-        client, _ = store_client(options, kind, connection)  # its own client: the promoter blocks on it
+        client = store_client(options, kind, connection)  # its own client: the promoter blocks on it
         direct = same_redis(options, kind, connection)
     store = DelayStore(client, namespace=options.namespace, max_attempts=options.max_attempts)
     queues = declared_queues(app, options.queues)
@@ -137,14 +138,12 @@ def build_promoter(app: Any, *, listener: PromoterListener | None = None, **over
     transport_options = dict(app.conf.broker_transport_options or {})
     deliverer: Deliverer | DirectDeliverer
     if kind == "redis":
-        steps = transport_options.get("priority_steps") or REDIS_PRIORITY_STEPS
-        sep = str(transport_options.get("sep") or REDIS_SEP)
-        static = {queue if not step else f"{queue}{sep}{step}" for queue in queues for step in steps}
-        allowed = AllowedRoutes(static, book)
+        routes, sep = redis_priority_routes(queues, transport_options)
+        allowed = AllowedRoutes(routes, book)
         if direct:
-            deliverer = RedisDirect(allowed, queues, transport_options)
+            deliverer = RedisDirect(allowed, transport_options)
         else:
-            deliverer = VirtualRepublisher(lambda: app.connection_for_write(transport="redis"), allowed)
+            deliverer = VirtualRepublisher(lambda: app.connection_for_write(transport="redis"), allowed, sep)
     elif kind == "sqs":
         deliverer = VirtualRepublisher(lambda: app.connection_for_write(transport="sqs"), AllowedRoutes(queues, book))
     else:
@@ -184,33 +183,24 @@ def reschedule(
     instead of waiting in a worker for its old eta. Returns the new due time, or None if not parked."""
     if (countdown is None) == (eta is None):
         raise InvalidDelay("give exactly one of countdown and eta")
+    store = store_for(app)
+    info = store.get(task_id)
+    envelope = info.envelope if info is not None and info.state == "due" else None
     if countdown is not None:
-        if isinstance(countdown, bool) or not isinstance(countdown, int | float) or not countdown >= 0:
-            raise InvalidDelay(f"countdown must be a non-negative number of seconds, got {countdown!r}")
-        due = None  # from the Redis clock, like every relative delay, once the store is known
+        countdown_ms = delay_to_ms(countdown)
+        if envelope is None:
+            return None
+        due = ms_to_datetime(store.now_ms() + countdown_ms)  # the Redis clock, like every relative delay
     else:
         parsed = parse_celery_time(eta)
         if parsed is None:
             raise InvalidDelay(f"eta must be a datetime or an ISO 8601 string, got {eta!r}")
+        if envelope is None:
+            return None
         due = parsed
-    store = store_for(app)
-    if due is None:
-        due = datetime.fromtimestamp(store.now_ms() / 1000, timezone.utc) + timedelta(seconds=countdown or 0)
-    info = store.get(task_id)
-    envelope = info.envelope if info is not None and info.state == "due" else None
-    if envelope is None:
-        return None
-    rewritten = Envelope(
-        route=envelope.route,
-        payload=_with_eta(envelope, due),
-        framework=envelope.framework,
-        name=envelope.name,
-        hash_field=envelope.hash_field,
-        parked_at_ms=envelope.parked_at_ms,
-        extra=envelope.extra,
-    )
+    rewritten = dataclasses.replace(envelope, payload=_with_eta(envelope, due))
     due_ms = store.reschedule(task_id, due=due, envelope=rewritten)
-    return None if due_ms is None else datetime.fromtimestamp(due_ms / 1000, timezone.utc)
+    return None if due_ms is None else ms_to_datetime(due_ms)
 
 
 def _with_eta(envelope: Envelope, due: datetime) -> bytes:

@@ -41,13 +41,11 @@ class PromoterStep(bootsteps.StartStopStep):  # type: ignore[misc]
         from .api import app_options, build_promoter
 
         port = app_options(parent.app).metrics_port
-        if port is None:
-            self.promoter = build_promoter(parent.app)
-        else:
+        self.promoter = build_promoter(parent.app)
+        if port is not None:
             # The ``metrics_port`` option: promoter counters and the store's backlog on one endpoint.
             from ..metrics import PromoterMetrics, start_metrics_server
 
-            self.promoter = build_promoter(parent.app)
             self.promoter.listener = PromoterMetrics.for_store(self.promoter.store)
             self.metrics_server = start_metrics_server(port, self.promoter.store)
             logger.info("delay_broker metrics on port %d", self.metrics_server.port)

@@ -6,10 +6,11 @@ CLI, so it imports nothing heavy until a subcommand runs.
 
 from __future__ import annotations
 
-from datetime import datetime, timezone
 from typing import Any
 
 import click
+
+from ..clock import ms_to_datetime
 
 
 def _app(ctx: click.Context) -> Any:
@@ -23,7 +24,7 @@ def _app(ctx: click.Context) -> Any:
 def _when(ms: int | None) -> str:
     if ms is None:
         return "-"
-    return datetime.fromtimestamp(ms / 1000, timezone.utc).isoformat(timespec="milliseconds")
+    return ms_to_datetime(ms).isoformat(timespec="milliseconds")
 
 
 @click.group(name="delay-broker", context_settings={"help_option_names": ["-h", "--help"]})

@@ -19,6 +19,8 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from kombu.transport import redis as kombu_redis
+
 from ..errors import DeliveryRefused, TargetUnavailable
 from ..store import ClaimedMessage
 from ..targets import ListTarget
@@ -27,8 +29,13 @@ from .stores import RouteBook
 
 logger = logging.getLogger("delay_broker.celery")
 
-REDIS_PRIORITY_STEPS = (0, 3, 6, 9)
-REDIS_SEP = "\x06\x16"
+
+def redis_priority_routes(queues: set[str], transport_options: Mapping[str, Any]) -> tuple[set[str], str]:
+    """The list names kombu's Redis transport uses for ``queues`` at every priority level
+    (``<queue>[<sep><step>]``, as its ``_q_for_pri``), and the separator it uses."""
+    steps = transport_options.get("priority_steps") or kombu_redis.PRIORITY_STEPS
+    sep = str(transport_options.get("sep") or kombu_redis.Channel.sep)
+    return {queue if not step else f"{queue}{sep}{step}" for queue in queues for step in steps}, sep
 
 
 def declared_queues(app: Any, extra: tuple[str, ...] = ()) -> set[str]:
@@ -85,18 +92,13 @@ class AllowedRoutes:
 class RedisDirect:
     """Exactly-once promotion into the Redis transport's list keys (a ``DirectDeliverer``)."""
 
-    def __init__(self, allowed: AllowedRoutes, static_queues: set[str], transport_options: Mapping[str, Any]):
+    def __init__(self, allowed: AllowedRoutes, transport_options: Mapping[str, Any]):
         self.allowed = allowed
         self.prefix = str(transport_options.get("global_keyprefix") or "")
-        steps = transport_options.get("priority_steps") or REDIS_PRIORITY_STEPS
-        sep = str(transport_options.get("sep") or REDIS_SEP)
-        # Declared queues at every priority level: LPUSH <prefix><queue>[<sep><step>], as kombu's _q_for_pri.
-        self.static_routes = {queue if not step else f"{queue}{sep}{step}" for queue in static_queues for step in steps}
 
     def direct_routes(self) -> Mapping[str, ListTarget]:
         # Read on every cycle (one SMEMBERS): a route recorded a moment ago must not be dead-lettered.
-        routes = self.static_routes | self.allowed.current(force=True)
-        return {route: ListTarget(self.prefix + route, mode="lpush") for route in routes}
+        return {route: ListTarget(self.prefix + route, mode="lpush") for route in self.allowed.current(force=True)}
 
 
 class _KombuPublisher:
@@ -146,14 +148,18 @@ def _checked(message: ClaimedMessage, allowed: AllowedRoutes) -> Any:
 class VirtualRepublisher:
     """At-least-once delivery through a stock virtual channel's ``_put`` (Redis elsewhere, SQS)."""
 
-    def __init__(self, connect: Callable[[], Any], allowed: AllowedRoutes) -> None:
+    def __init__(self, connect: Callable[[], Any], allowed: AllowedRoutes, priority_sep: str | None = None) -> None:
         self.publisher = _KombuPublisher(connect)
         self.allowed = allowed
+        self.priority_sep = priority_sep  # Redis: routes of prioritised tasks are <queue><sep><step>
+
+    def _matches(self, queue: str, route: str) -> bool:
+        return route == queue or (self.priority_sep is not None and route.startswith(queue + self.priority_sep))
 
     def deliver(self, message: ClaimedMessage) -> None:
         envelope = _checked(message, self.allowed)
         queue = envelope.extra.get("queue")
-        if not isinstance(queue, str) or not (envelope.route == queue or envelope.route.startswith(queue + REDIS_SEP)):
+        if not isinstance(queue, str) or not self._matches(queue, envelope.route):
             raise DeliveryRefused(f"queue {queue!r} does not match route {envelope.route!r}")
         try:
             stored = decode_virtual(envelope.payload)

@@ -16,28 +16,18 @@ from urllib.parse import urlsplit
 import redis
 
 from ..errors import ConfigurationError
-from ..store import DelayStore
+from ..store import CLIENT_DEFAULTS, DelayStore
 from .config import CeleryOptions, Kind
-
-_SOCKET_OPTIONS: dict[str, Any] = {
-    "socket_connect_timeout": 5.0,
-    "socket_timeout": 30.0,
-    "socket_keepalive": True,
-    "health_check_interval": 30,
-}
 
 
 @dataclass(frozen=True)
 class RedisAddress:
-    """Where a Redis is: enough to compare two and to connect (credentials are not part of equality)."""
+    """Where a Redis is: enough to tell whether two URLs name the same server and database."""
 
     host: str
     port: int
     db: int
     path: str | None = None
-
-    def same_server(self, other: RedisAddress) -> bool:
-        return (self.host, self.port, self.db, self.path) == (other.host, other.port, other.db, other.path)
 
 
 def address_of_url(url: str) -> RedisAddress:
@@ -89,20 +79,20 @@ def broker_client(conninfo: Any) -> redis.Redis:
         db=address.db,
         username=conninfo.userid or None,
         password=conninfo.password or None,
-        **_SOCKET_OPTIONS,
+        **CLIENT_DEFAULTS,
         **ssl_options,
     )
 
 
-def store_client(options: CeleryOptions, kind: Kind, conninfo: Any) -> tuple[redis.Redis, RedisAddress]:
-    """The client of the store's Redis and its address; ConfigurationError if there is none."""
+def store_client(options: CeleryOptions, kind: Kind, conninfo: Any) -> redis.Redis:
+    """The client of the store's Redis; ConfigurationError if there is none."""
     if options.redis_url is not None:
-        return redis.Redis.from_url(options.redis_url, **_SOCKET_OPTIONS), address_of_url(options.redis_url)
+        return redis.Redis.from_url(options.redis_url, **CLIENT_DEFAULTS)
     if kind != "redis":
         raise ConfigurationError(
             f"delay_broker needs a 'redis_url' option with the {kind} transport: the delay store lives in Redis"
         )
-    return broker_client(conninfo), broker_address(conninfo)
+    return broker_client(conninfo)
 
 
 def same_redis(options: CeleryOptions, kind: Kind, conninfo: Any) -> bool:
@@ -111,7 +101,7 @@ def same_redis(options: CeleryOptions, kind: Kind, conninfo: Any) -> bool:
         return False
     if options.redis_url is None:
         return True
-    return address_of_url(options.redis_url).same_server(broker_address(conninfo))
+    return address_of_url(options.redis_url) == broker_address(conninfo)
 
 
 _shared: dict[tuple[Any, ...], DelayStore] = {}
@@ -128,7 +118,7 @@ def shared_store(options: CeleryOptions, kind: Kind, conninfo: Any) -> DelayStor
     with _shared_lock:
         store = _shared.get(key)
         if store is None:
-            client, _ = store_client(options, kind, conninfo)
+            client = store_client(options, kind, conninfo)
             store = _shared[key] = DelayStore(client, namespace=options.namespace, max_attempts=options.max_attempts)
         return store
 

@@ -196,7 +196,7 @@ class CeleryEnv:
         self.recorder.delete(self.env["DBT_RECORD_KEY"])
         with contextlib.suppress(Exception):
             keys = self.store.keys
-            self.store_client.delete(*keys.all(), keys.key("celery:routes"))
+            self.store_client.delete(*keys.all())
         if self._app is not None:
             self._app.close()
 
