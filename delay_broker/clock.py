@@ -11,6 +11,7 @@ import math
 import numbers
 from datetime import datetime, timedelta, timezone
 from decimal import Decimal
+from typing import Literal
 
 from .errors import InvalidDelay
 
@@ -20,32 +21,42 @@ MAX_DUE_MS = 2**53 // FIFO_SLOTS - 1
 Delay = float | int | timedelta
 
 
-def delay_to_ms(delay: object) -> int:
-    """Turn a delay (seconds as a real number, or a timedelta) into whole milliseconds, rounded up.
+def delay_to_ms(delay: object, unit: Literal["seconds", "milliseconds"] = "seconds") -> int:
+    """Turn a delay (a real number of ``unit``, or a timedelta) into whole milliseconds, rounded up (a delay is
+    a minimum). Integers and timedeltas are converted exactly.
 
     Raises :class:`InvalidDelay` naming the problem for booleans, non-numbers, NaN, infinities, negative
     values and delays past :data:`MAX_DUE_MS`.
     """
+    per_unit = 1000 if unit == "seconds" else 1
+    too_large = InvalidDelay("delay is too large: past the latest supported due time (year 2248)")
     if isinstance(delay, timedelta):
-        seconds = delay.total_seconds()
+        millis = -(-(delay // timedelta(microseconds=1)) // 1000)
     elif isinstance(delay, bool) or not isinstance(delay, numbers.Real | Decimal):
-        raise InvalidDelay(f"delay must be a number of seconds or a timedelta, got {type(delay).__name__}")
+        raise InvalidDelay(f"delay must be a number of {unit} or a timedelta, got {type(delay).__name__}")
+    elif isinstance(delay, numbers.Integral):
+        millis = int(delay) * per_unit
     else:
         try:
-            seconds = float(delay)
+            value = float(delay)
         except OverflowError:
-            raise InvalidDelay("delay is too large: past the latest supported due time (year 2248)") from None
+            raise too_large from None
         except ValueError:
             raise InvalidDelay(f"delay {delay!r} is not a usable number") from None
-    if math.isnan(seconds):
-        raise InvalidDelay("delay is NaN")
-    if math.isinf(seconds):
-        raise InvalidDelay("delay is infinite")
-    if seconds < 0:
-        raise InvalidDelay(f"delay must not be negative, got {seconds} s")
-    millis = math.ceil(seconds * 1000)
+        if math.isnan(value):
+            raise InvalidDelay("delay is NaN")
+        if math.isinf(value):
+            raise InvalidDelay("delay is infinite")
+        if value < 0:
+            raise InvalidDelay(f"delay must not be negative, got {value} {unit}")
+        scaled = value * per_unit
+        if scaled > MAX_DUE_MS:
+            raise too_large
+        millis = math.ceil(scaled)
+    if millis < 0:
+        raise InvalidDelay(f"delay must not be negative, got {millis} ms")
     if millis > MAX_DUE_MS:
-        raise InvalidDelay(f"delay of {seconds} s is past the latest supported due time (year 2248)")
+        raise too_large
     return millis
 
 

@@ -10,14 +10,11 @@ Two units meet here and are kept apart on purpose:
 
 from __future__ import annotations
 
-import math
-import numbers
 from datetime import timedelta
-from decimal import Decimal
 
 import dramatiq
 
-from ..clock import MAX_DUE_MS, delay_to_ms
+from ..clock import delay_to_ms
 from ..errors import ConfigurationError, InvalidDelay
 
 DEFAULT_THRESHOLD = timedelta(seconds=60)
@@ -32,31 +29,9 @@ SQS_MAX_DELAY_MS = 15 * 60 * 1000
 
 
 def delay_ms(delay: object) -> int:
-    """Normalize a Dramatiq delay to whole milliseconds, rounded up (a delay is a minimum).
-
-    Accepts an int or other real number of milliseconds, or a timedelta. Raises :class:`InvalidDelay`
-    naming the problem for booleans, strings and other non-numbers, NaN, infinities and negative values.
-    """
-    if isinstance(delay, timedelta):
-        micros = delay // timedelta(microseconds=1)
-        millis = -(-micros // 1000)
-    elif isinstance(delay, bool) or not isinstance(delay, numbers.Real | Decimal):
-        raise InvalidDelay(f"delay must be milliseconds (an int) or a timedelta, got {type(delay).__name__} {delay!r}")
-    elif isinstance(delay, numbers.Integral):
-        millis = int(delay)
-    else:
-        try:
-            value = float(delay)
-        except (ValueError, OverflowError):
-            raise InvalidDelay(f"delay {delay!r} is not a usable number of milliseconds") from None
-        if math.isnan(value) or math.isinf(value):
-            raise InvalidDelay(f"delay must be a finite number of milliseconds, got {delay!r}")
-        millis = math.ceil(value)
-    if millis < 0:
-        raise InvalidDelay(f"delay must not be negative, got {millis} ms")
-    if millis > MAX_DUE_MS:
-        raise InvalidDelay(f"delay of {millis} ms is past the latest supported due time (year 2248)")
-    return millis
+    """Normalize a Dramatiq delay (milliseconds as a real number, or a timedelta) to whole milliseconds,
+    rounded up; :class:`InvalidDelay` naming the problem otherwise (see :func:`delay_broker.clock.delay_to_ms`)."""
+    return delay_to_ms(delay, unit="milliseconds")
 
 
 def threshold_ms(threshold: object) -> int:
