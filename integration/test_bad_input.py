@@ -80,6 +80,9 @@ class World:
         token = f"good-{uuid.uuid4().hex[:8]}"
         self.store.park(token, Envelope(route="ready", payload=token.encode()), delay=0)
         wait_for(lambda: token.encode() in self.delivered(), timeout, f"good message {token} promoted")
+        # On the at-least-once path the push comes before the ack: the promotion is over once the store
+        # no longer holds the message.
+        wait_for(lambda: self.store.get(token) is None, timeout, f"good message {token} acknowledged")
         assert self.promoter.running, "the promoter thread died"
 
     def plant(self, id: str, raw: bytes | None) -> None:
