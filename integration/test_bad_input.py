@@ -343,10 +343,14 @@ def test_key_of_the_wrong_type(world_on_path: World, path: str, case: WrongTypeC
     world = world_on_path
     key = case.key(world)
     parked = [f"w{n}" for n in range(5)]
-    world.store.park_many([ParkRequest(id, Envelope(route="ready", payload=id.encode()), delay=0.3) for id in parked])
-    saved = world.client.dump(key)
-    world.client.delete(key)
-    case.spoil(world.client, key)
+    world.store.park_many([ParkRequest(id, Envelope(route="ready", payload=id.encode()), delay=1.0) for id in parked])
+    # Saved and spoiled in one step, well before the messages are due: a promoter acting in between would
+    # make the saved copy stale.
+    spoiling = world.client.pipeline(transaction=True)
+    spoiling.dump(key)
+    spoiling.delete(key)
+    case.spoil(spoiling, key)
+    saved = spoiling.execute()[0]
     errors_before = world.promoter.counters.errors
 
     if case.park_refused:
@@ -354,7 +358,7 @@ def test_key_of_the_wrong_type(world_on_path: World, path: str, case: WrongTypeC
             world.store.park("refused", GOOD, delay=0)
         message = str(raised.value)
         assert key in message and ("WRONGTYPE" in message or "not an integer" in message), message
-    time.sleep(0.6)  # the parked messages come due while the key is spoiled
+    time.sleep(1.3)  # the parked messages come due while the key is spoiled
     if path in case.blocks:
         wait_for(lambda: world.promoter.counters.errors > errors_before + 1, what="the promoter backing off")
     if key in (world.keys.due, world.keys.dead, world.keys.stats, world.keys.promoters):

@@ -18,6 +18,7 @@ from .celery_apps.harness import wait_for
 TASKS = 2000
 
 
+@pytest.mark.timeout(900)  # workers and moto start-up count too; the default 300 s is tight on 2 cores
 @pytest.mark.parametrize("kind", ["redis", "amqp", "sqs"])
 def test_two_workers_run_2000_parked_tasks(request: pytest.FixtureRequest, kind: str) -> None:
     env = env_for(kind, request, uuid.uuid4().hex[:10], options={"batch": 200})
@@ -28,7 +29,8 @@ def test_two_workers_run_2000_parked_tasks(request: pytest.FixtureRequest, kind:
         started = time.monotonic()
         ids = {record.apply_async(("load",), countdown=3 + random.random() * 3).id for _ in range(TASKS)}
         sent = time.monotonic() - started
-        assert env.store.stats().parked >= TASKS - 50  # a few may already be promoted
+        # Counted at park time: the workers' promoters may already be promoting the first ones.
+        assert env.store.stats().counters["parked"] == TASKS
         # moto answers one SendMessage at a time and is slow on a busy machine: SQS gets more time.
         timeout = 240 if kind == "sqs" else 90
         wait_for(lambda: len(set(env.run_counts()) & ids) == TASKS, timeout, interval=0.5, what="all tasks ran")

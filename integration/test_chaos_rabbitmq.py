@@ -122,6 +122,13 @@ def own_rabbit() -> Iterator[RabbitNode]:
         node.close()
 
 
+def nothing_left(store: DelayStore) -> bool:
+    # One snapshot: two reads could see a batch claimed (not parked), then released (not in flight).
+    stats = store.stats()
+    return stats.parked + stats.inflight == 0
+
+
+@pytest.mark.timeout(900)  # 100,000 sends, promotions and acks on 2 cores; the wait below allows 600 s
 def test_four_promoters_deliver_a_hundred_thousand_messages_into_rabbitmq(redis_server, own_rabbit, unique):
     env = app_env(redis_server, own_rabbit, unique)
     ids = park(env, 100_000)
@@ -130,7 +137,7 @@ def test_four_promoters_deliver_a_hundred_thousand_messages_into_rabbitmq(redis_
     started = time.monotonic()
     processes = [promoter(env, "--batch", "500") for _ in range(4)]
     try:
-        wait_until(lambda: store.stats().parked + store.stats().inflight == 0, 600, "the backlog to drain")
+        wait_until(lambda: nothing_left(store), 600, "the backlog to drain")
     finally:
         stop(processes)
     seconds = time.monotonic() - started
@@ -161,7 +168,7 @@ def test_promoters_killed_twenty_times_lose_nothing(redis_server, own_rabbit, un
             processes[victim].wait(10)
             kills += 1
             processes[victim] = promoter(env, *options)
-        wait_until(lambda: store.stats().parked + store.stats().inflight == 0, 300, "the rest to be promoted")
+        wait_until(lambda: nothing_left(store), 300, "the rest to be promoted")
     finally:
         stop(processes)
     seen = consume_all(own_rabbit, env["DB_QUEUES"])
@@ -199,7 +206,7 @@ def test_a_thirty_second_rabbitmq_outage_delays_but_loses_nothing(redis_server, 
         own_rabbit.start()
         outage = time.monotonic() - outage_started
         store = app.middleware.store
-        wait_until(lambda: store.stats().parked + store.stats().inflight == 0, 180, "delivery after the outage")
+        wait_until(lambda: nothing_left(store), 180, "delivery after the outage")
     finally:
         running.stop()
         app.broker.close()

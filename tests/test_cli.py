@@ -477,7 +477,10 @@ def test_promote_runs_the_app_promoter_with_a_metrics_endpoint(run, store, clien
                         scraped["text"] = response.read().decode()
                 except OSError:
                     return False
-                return 'delay_broker_promoted_total{namespace="' + namespace + '"} 1.0' in scraped["text"]
+                labels = '{namespace="' + namespace + '"} 1.0'
+                # Promoted and dead-lettered are counted one after the other: a scrape may fall between.
+                wanted = ("delay_broker_promoted_total", "delay_broker_dead_lettered_total")
+                return all(name + labels in scraped["text"] for name in wanted)
 
             wait_for(fetch, timeout=10, interval=0.05)
         finally:
@@ -583,3 +586,4 @@ def test_payload_decoding_never_unpickles():
     )
     text_body = decode_payload("celery", json.dumps({"body": "hi", "content-type": "text/plain"}).encode())
     assert text_body["body"] == {"content_type": "text/plain", "size": 2, "format": "text", "text": "hi"}
+

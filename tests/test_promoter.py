@@ -49,7 +49,7 @@ def drain(client: redis.Redis, key: str) -> Counter[str]:
 def test_promoter_thread_promotes_when_due(store, client, ready_key):
     promoter = Promoter(store, direct(ready_key), max_idle=1).start()
     try:
-        store.park("later", envelope(b"later"), delay=0.4)
+        store.park("later", envelope(b"later"), delay=2)
         time.sleep(0.2)
         assert client.llen(ready_key) == 0
         wait_for(lambda: client.llen(ready_key) == 1, timeout=5)

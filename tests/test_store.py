@@ -24,7 +24,7 @@ from delay_broker import (
 )
 from delay_broker.deliverers import DirectLists
 
-from .helpers import envelope
+from .helpers import envelope, wait_for
 
 READY = "ready"
 
@@ -42,10 +42,10 @@ def store_keys(client: redis.Redis, store: DelayStore) -> list[bytes]:
 
 
 def test_message_is_invisible_before_its_delay_and_ready_after(store, client, ready_key):
-    store.park("job-1", envelope(b"payload-1"), delay=0.3)
+    store.park("job-1", envelope(b"payload-1"), delay=1.0)
     assert promote(store, ready_key) == 0
     assert client.llen(ready_key) == 0
-    time.sleep(0.35)
+    time.sleep(1.05)
     assert promote(store, ready_key) == 1
     assert client.rpop(ready_key) == b"payload-1"
     assert store.get("job-1") is None
@@ -246,8 +246,11 @@ def test_nack_backoff_dead_letter_and_requeue(store, client, ready_key):
         assert store.nack(claim.lease_deadline_ms, [("job", "broker said no", "retry")]) == ["retried"]
         info = store.get("job")
         assert info.state == "due" and info.attempts == attempt and info.error == "broker said no"
-        assert store.claim(10, lease=30, promoter_id="p").messages == [], "retried only after a backoff"
+        # Read off the stored due time, not by claiming at once: a stall longer than the 50 ms backoff would
+        # let that claim succeed.
+        assert info.due_ms >= claim.now_ms + 50 * 2 ** (attempt - 1), "retried only after a backoff"
         time.sleep(0.05 * 2 ** (attempt - 1) + 0.02)
+        wait_for(lambda: store.stats().overdue == 1, timeout=5)
     claim = store.claim(10, lease=30, promoter_id="p")
     assert store.nack(claim.lease_deadline_ms, [("job", "broker said no", "retry")]) == ["dead"]
     info = store.get("job")
