@@ -49,6 +49,7 @@ class Keyspace:
             "stats",
             "promoters",
             "routes",
+            "cron",
         )
         return [self.key(name) for name in names]
 
@@ -110,6 +111,11 @@ class Keyspace:
     def routes(self) -> str:
         """SET of routes producers parked for (adapters whose queues are not all declared up front)."""
         return self.key("routes")
+
+    @property
+    def cron(self) -> str:
+        """HASH schedule name -> due time (ms) of the latest occurrence parked for that recurring schedule."""
+        return self.key("cron")
 
     @property
     def promoters(self) -> str:

@@ -13,11 +13,14 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from .errors import DeliveryRefused, StoreUnavailable, TargetUnavailable
 from .store import MAX_BATCH, ClaimedMessage, DelayStore, NackAction, new_promoter_id
 from .targets import ListTarget
+
+if TYPE_CHECKING:
+    from .cron import CronScheduler
 
 logger = logging.getLogger("delay_broker.promoter")
 
@@ -85,6 +88,8 @@ class Promoter:
       lease: seconds a claimed message stays reserved for this promoter before any other may take it.
       max_idle: longest sleep, in seconds, between two looks at the store when nothing is due sooner.
       keep_lateness: keep every lateness figure in :attr:`counters` (for demos and benchmarks).
+      cron: recurring schedules whose next occurrences this promoter keeps parked (any number of promoters
+        may share the same schedules; each occurrence still runs once).
     """
 
     def __init__(
@@ -98,6 +103,7 @@ class Promoter:
         listener: PromoterListener | None = None,
         keep_lateness: bool = False,
         name: str | None = None,
+        cron: CronScheduler | None = None,
     ) -> None:
         if not isinstance(deliverer, DirectDeliverer | Deliverer):
             raise TypeError("deliverer must have a deliver(message) or a direct_routes() method")
@@ -109,6 +115,7 @@ class Promoter:
         self.lease = lease
         self.max_idle = max_idle
         self.listener = listener
+        self.cron = cron
         self.id = name or new_promoter_id()
         self.counters = PromoterCounters(keep_lateness=keep_lateness)
         self._stopping = threading.Event()
@@ -157,6 +164,9 @@ class Promoter:
     def step(self) -> None:
         """One cycle: promote what is due, then sleep until the next due time (or back off after a fault)."""
         try:
+            # Schedules first: an occurrence parked now and already due goes out in this same cycle.
+            if self.cron is not None:
+                self.cron.run_pending()
             full, wait = self._promote_once()
             self._recovered()
         except StoreUnavailable as error:
@@ -170,6 +180,8 @@ class Promoter:
             self._unexpected("promoting")
             return
         self.counters.cycles += 1
+        if self.cron is not None and self.cron.schedules:
+            wait = min(wait, self.cron.seconds_until_due())
         if full or wait <= 0 or self._stopping.is_set():
             return
         try:

@@ -243,20 +243,34 @@ class DelayStore:
         encoded = [self._encode_request(request) for request in requests]
         results: list[ParkResult] = []
         for start in range(0, len(encoded), MAX_BATCH):
-            chunk = encoded[start : start + MAX_BATCH]
-            args: list[Any] = [on_conflict, MAX_DUE_MS]
-            for item in chunk:
-                args.extend(item)
-            reply = self._run("park", self._park_keys, args)
-            for n, item in enumerate(chunk):
-                due_ms, outcome = int(reply[2 * n]), int(reply[2 * n + 1])
-                results.append(ParkResult(item[0], due_ms, ("kept", "new", "replaced")[outcome]))
+            results.extend(self._park(encoded[start : start + MAX_BATCH], on_conflict))
         return results
+
+    def park_occurrence(self, schedule: str, id: str, envelope: Envelope, due: datetime) -> ParkResult:
+        """Park one occurrence of the recurring schedule ``schedule``, due at ``due``.
+
+        It is parked only if it is due later than every occurrence ever parked for that schedule, so any
+        number of schedulers may offer it, before or after it was promoted, and it runs once. Otherwise the
+        result is ``kept`` with ``due_ms == -1``.
+        """
+        if not isinstance(schedule, str) or not schedule:
+            raise ValueError(f"schedule must be a non-empty string, got {schedule!r}")
+        return self._park([self._encode_request(ParkRequest(id, envelope, due=due))], "keep", schedule)[0]
+
+    def _park(
+        self, chunk: list[tuple[str, str, int, bytes]], on_conflict: OnConflict, schedule: str = ""
+    ) -> list[ParkResult]:
+        args: list[Any] = [on_conflict, MAX_DUE_MS, schedule]
+        for item in chunk:
+            args.extend(item)
+        reply = self._run("park", self._park_keys, args)
+        outcomes: tuple[Literal["kept", "new", "replaced"], ...] = ("kept", "new", "replaced")
+        return [ParkResult(item[0], int(reply[2 * n]), outcomes[int(reply[2 * n + 1])]) for n, item in enumerate(chunk)]
 
     @property
     def _park_keys(self) -> list[str]:
         k = self.keys
-        return [k.due, k.msg, k.inflight, k.leased, k.dead, k.attempts, k.errors, k.seq, k.wake, k.stats]
+        return [k.due, k.msg, k.inflight, k.leased, k.dead, k.attempts, k.errors, k.seq, k.wake, k.stats, k.cron]
 
     def _encode_request(self, request: ParkRequest) -> tuple[str, str, int, bytes]:
         check_id(request.id)
@@ -327,7 +341,19 @@ class DelayStore:
     def recorded_routes(self) -> set[str]:
         with self._redis("reading routes"):
             members = self.client.smembers(self.keys.routes)
-        return {member.decode() if isinstance(member, bytes) else str(member) for member in members}
+        return {_text(member) for member in members}
+
+    def schedules(self) -> dict[str, int | None]:
+        """Recurring schedules that parked an occurrence: name -> due time (ms) of the latest one (None when
+        the record is malformed)."""
+        with self._redis("reading schedules"):
+            records = self.client.hgetall(self.keys.cron)
+        return {_text(name): _int_or_none(value) for name, value in records.items()}
+
+    def forget_schedule(self, name: str) -> bool:
+        """Drop the record of a recurring schedule (its occurrences already parked stay parked)."""
+        with self._redis("forgetting a schedule"):
+            return bool(self.client.hdel(self.keys.cron, name))
 
     # -- inspection ------------------------------------------------------------------------------------
 
@@ -585,6 +611,17 @@ def _due_argument(delay: Delay | None, due: datetime | None, id: str) -> tuple[s
     if delay is not None:
         return "d", delay_to_ms(delay)
     return "a", due_to_ms(due)  # type: ignore[arg-type]
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode(errors="replace") if isinstance(value, bytes) else value
+
+
+def _int_or_none(value: bytes | str) -> int | None:
+    try:
+        return int(value)
+    except ValueError:
+        return None
 
 
 def check_id(id: object) -> str:

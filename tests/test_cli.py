@@ -587,3 +587,35 @@ def test_payload_decoding_never_unpickles():
     text_body = decode_payload("celery", json.dumps({"body": "hi", "content-type": "text/plain"}).encode())
     assert text_body["body"] == {"content_type": "text/plain", "size": 2, "format": "text", "text": "hi"}
 
+
+# -- cron ------------------------------------------------------------------------------------------------------------
+
+
+def test_cron_ls_and_forget(run, store: DelayStore, client) -> None:
+    from delay_broker.cron import CronScheduler, Schedule, occurrence_id
+
+    assert "No recurring schedule" in run("cron", "ls").output
+    build = lambda id, due: dramatiq_envelope("send_report", id)  # noqa: E731
+    CronScheduler(store, [Schedule.create("daily-report", "0 9 * * *", build, "Europe/Paris")]).run_pending()
+    client.hset(store.keys.cron, "spoiled", "garbage")
+    listing = as_json(run("cron", "ls", "--json"))["schedules"]
+    assert [row["name"] for row in listing] == ["daily-report", "spoiled"]
+    report, spoiled = listing
+    assert report["id"] == occurrence_id(store.keys.namespace, "daily-report", report["due_ms"])
+    assert report["state"] == "parked" and report["due"].endswith(("T07:00:00.000Z", "T08:00:00.000Z"))
+    assert (spoiled["due_ms"], spoiled["state"]) == (None, "malformed record")
+    table = run("cron", "ls").output
+    assert "daily-report" in table and "parked" in table and "malformed record" in table
+
+    refused = run("cron", "forget", "daily-report")  # not a terminal, no --yes
+    assert refused.exit_code == 1 and store.get(report["id"]) is not None
+    forgotten = run("cron", "forget", "daily-report", "--yes")
+    assert forgotten.exit_code == 0 and "cancelled its occurrence" in forgotten.output
+    assert store.get(report["id"]) is None and set(store.schedules()) == {"spoiled"}
+    assert as_json(run("cron", "forget", "spoiled", "--yes", "--json")) == {
+        "name": "spoiled",
+        "forgotten": True,
+        "cancelled": False,
+    }
+    unknown = run("cron", "forget", "nothing", "--yes")
+    assert unknown.exit_code == 1 and "no schedule 'nothing'" in unknown.output

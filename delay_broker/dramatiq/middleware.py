@@ -6,7 +6,7 @@ import dataclasses
 import logging
 import threading
 import uuid
-from datetime import datetime, timedelta
+from datetime import datetime, timedelta, tzinfo
 from typing import Any
 
 import dramatiq
@@ -16,6 +16,7 @@ from dramatiq.common import q_name
 from dramatiq.errors import QueueNotFound
 
 from ..clock import ms_to_datetime
+from ..cron import CronScheduler, Schedule
 from ..envelope import Envelope
 from ..errors import ConfigurationError, DelayBrokerError, InvalidDelay
 from ..keys import DEFAULT_NAMESPACE
@@ -98,6 +99,7 @@ class DelayMiddleware(dramatiq.Middleware):
         self._original_enqueue: Enqueue | None = None
         self._effective_threshold_ms: int | None = None
         self._promoters: dict[int, Promoter] = {}
+        self._schedules: dict[str, Schedule] = {}
         self._lock = threading.Lock()
 
     # -- installation ----------------------------------------------------------------------------------
@@ -183,23 +185,8 @@ class DelayMiddleware(dramatiq.Middleware):
         The stored message is the one to enqueue when due: canonical queue, no ``eta``, and on a RedisBroker
         a fresh ``redis_message_id``. Returns it, as ``broker.enqueue`` returns what it enqueued.
         """
-        broker = self._installed()
         plain: AnyMessage = getattr(message, "_message", message)  # unwrap a MessageProxy
-        queue_name = q_name(plain.queue_name)
-        if queue_name not in canonical_queues(broker):
-            raise QueueNotFound(f"cannot park a message for undeclared queue {queue_name!r}")  # type: ignore[no-untyped-call]
-        options = {key: value for key, value in plain.options.items() if key != "eta"}
-        if isinstance(broker, RedisBroker):
-            # Always, even when promotion is not direct: any promoter may then take the exactly-once path.
-            options["redis_message_id"] = str(uuid.uuid4())
-        parked = dataclasses.replace(plain, queue_name=queue_name, options=options)
-        envelope = Envelope(
-            route=queue_name,
-            payload=parked.encode(),
-            framework=FRAMEWORK,
-            name=parked.actor_name,
-            hash_field=options.get("redis_message_id"),
-        )
+        parked, envelope = self._envelope(plain)
         try:
             self.store.park(parked.message_id, envelope, delay=timedelta(milliseconds=delay))
         except DelayBrokerError as error:
@@ -208,8 +195,29 @@ class DelayMiddleware(dramatiq.Middleware):
             # Any store failure (down, read-only replica, out of memory, no permission, payload too large):
             # an exception from inside Retries is swallowed by Dramatiq and the retry lost.
             return self._fall_back(message, delay, error)
-        logger.debug("Parked message %s for %r for %d ms.", parked.message_id, queue_name, delay)
+        logger.debug("Parked message %s for %r for %d ms.", parked.message_id, parked.queue_name, delay)
         return parked
+
+    def _envelope(self, message: AnyMessage) -> tuple[AnyMessage, Envelope]:
+        """The message as it is to be enqueued when due (canonical queue, no ``eta``, on a RedisBroker a
+        fresh ``redis_message_id``) and its envelope."""
+        broker = self._installed()
+        queue_name = q_name(message.queue_name)
+        if queue_name not in canonical_queues(broker):
+            raise QueueNotFound(f"cannot park a message for undeclared queue {queue_name!r}")  # type: ignore[no-untyped-call]
+        options = {key: value for key, value in message.options.items() if key != "eta"}
+        if isinstance(broker, RedisBroker):
+            # Always, even when promotion is not direct: any promoter may then take the exactly-once path.
+            options["redis_message_id"] = str(uuid.uuid4())
+        parked = dataclasses.replace(message, queue_name=queue_name, options=options)
+        envelope = Envelope(
+            route=queue_name,
+            payload=parked.encode(),
+            framework=FRAMEWORK,
+            name=parked.actor_name,
+            hash_field=options.get("redis_message_id"),
+        )
+        return parked, envelope
 
     def _fall_back(self, message: dramatiq.MessageProxy, delay: int, error: DelayBrokerError) -> AnyMessage:
         # A retry from inside a worker: an exception here is swallowed by Dramatiq and the message acked,
@@ -252,6 +260,47 @@ class DelayMiddleware(dramatiq.Middleware):
         envelope = info.envelope if info else None
         return None if envelope is None else dramatiq.Message.decode(envelope.payload)
 
+    # -- recurring schedules ---------------------------------------------------------------------------
+
+    def schedule(
+        self,
+        actor: dramatiq.Actor[Any, Any],
+        cron: str,
+        *,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+        name: str | None = None,
+        timezone: str | tzinfo = "UTC",
+        **options: Any,
+    ) -> Schedule:
+        """Send ``actor`` a message at every occurrence of ``cron`` (``"0 9 * * 1-5"``; a sixth field is
+        seconds) in ``timezone``, from every worker's promoter at once, each occurrence once.
+
+        Declare schedules where the actors are declared, so that every worker (and ``delay-broker promote
+        --dramatiq``) knows them. ``name`` (default: the actor's name) identifies the schedule in Redis;
+        ``options`` are message options, as for ``send_with_options``. Each occurrence is parked one period
+        ahead, so ``delay-broker ls`` shows it; occurrences missed while no promoter ran are skipped.
+        Needs the ``cron`` extra (croniter).
+        """
+        frozen_args, frozen_kwargs = tuple(args), dict(kwargs or {})
+
+        def build(id: str, due: datetime) -> Envelope:
+            message = actor.message_with_options(args=frozen_args, kwargs=frozen_kwargs, **options)
+            return self._envelope(dataclasses.replace(message, message_id=id))[1]
+
+        schedule = Schedule.create(name or actor.actor_name, cron, build, timezone)
+        if schedule.name in self._schedules:
+            raise ConfigurationError(f"there is already a schedule named {schedule.name!r}: give this one a name")
+        # Fail here, at declaration, rather than in a worker at the first occurrence.
+        actor.message_with_options(args=frozen_args, kwargs=frozen_kwargs, **options).encode()
+        self._schedules[schedule.name] = schedule
+        return schedule
+
+    @property
+    def schedules(self) -> dict[str, Schedule]:
+        """The recurring schedules declared with :meth:`schedule`, by name."""
+        return dict(self._schedules)
+
     # -- promotion -------------------------------------------------------------------------------------
 
     def deliverer(self) -> Deliverer | DirectDeliverer:
@@ -263,7 +312,8 @@ class DelayMiddleware(dramatiq.Middleware):
 
     def build_promoter(self, **overrides: Any) -> Promoter:
         """A promoter for this broker; ``overrides`` replace ``batch``, ``lease``, ``max_idle`` and so on."""
-        return Promoter(self.store, self.deliverer(), **{**self.promoter_options, **overrides})
+        cron = CronScheduler(self.store, self._schedules.values()) if self._schedules else None
+        return Promoter(self.store, self.deliverer(), cron=cron, **{**self.promoter_options, **overrides})
 
     def after_worker_boot(self, broker: dramatiq.Broker, worker: dramatiq.Worker) -> None:
         if not self.promote_in_workers:

@@ -12,6 +12,7 @@ Environment:
   DB_STORE_NS       delay store namespace           DB_THRESHOLD     seconds
   DB_QUEUES         comma-separated queue names; each gets its own actors
   DB_RECORD_KEY     list the actors and the probe RPUSH their events to
+  DB_SCHEDULE       optional cron expression: the first queue's record actor runs on it (token "cron")
 """
 
 from __future__ import annotations
@@ -105,6 +106,9 @@ def build(env: Mapping[str, str]) -> App:
     app = App(broker, middleware)
     for queue in env["DB_QUEUES"].split(","):
         app.actors[queue] = declare_actors(broker, queue, record)
+    if env.get("DB_SCHEDULE"):
+        first = app.actors[env["DB_QUEUES"].split(",")[0]]["record"]
+        middleware.schedule(first, env["DB_SCHEDULE"], args=("cron",), name="tick")
     return app
 
 
