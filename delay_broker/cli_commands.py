@@ -695,7 +695,7 @@ def schedule_rows(store: DelayStore) -> list[dict[str, Any]]:
     for name, due_ms in sorted(store.schedules().items()):
         id = None if due_ms is None else occurrence_id(store.keys.namespace, name, due_ms)
         info = None if id is None else store.get(id)
-        state = "malformed record" if id is None else STATE_WORDS[info.state] if info else "promoted"
+        state = "malformed record" if id is None else STATE_WORDS[info.state] if info else "gone (ran or cancelled)"
         rows.append({"name": name, "due_ms": due_ms, "due": iso_time(due_ms), "id": id, "state": state})
     return rows
 

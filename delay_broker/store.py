@@ -251,7 +251,7 @@ class DelayStore:
 
         It is parked only if it is due later than every occurrence ever parked for that schedule, so any
         number of schedulers may offer it, before or after it was promoted, and it runs once. Otherwise the
-        result is ``kept`` with ``due_ms == -1``.
+        result is ``kept``, with the due time of the latest occurrence parked for the schedule.
         """
         if not isinstance(schedule, str) or not schedule:
             raise ValueError(f"schedule must be a non-empty string, got {schedule!r}")

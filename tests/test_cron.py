@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import time
 from collections import Counter
 from datetime import datetime, timedelta, timezone
 
@@ -42,6 +43,8 @@ def at(text: str) -> int:
         ("report", "61 * * * *", "UTC", "not a valid cron expression"),
         ("report", None, "UTC", "not a valid cron expression"),
         ("report", "0 9 * * *", "Mars/Olympus_Mons", "unknown time zone"),
+        ("report", "0 9 * * *", None, "IANA name or a tzinfo"),
+        ("report", "0 0 31 2 *", "UTC", "has no next occurrence"),
     ],
 )
 def test_a_bad_schedule_is_refused_when_declared(name, cron, zone, problem):
@@ -83,7 +86,7 @@ def test_an_occurrence_is_parked_once_even_when_offered_again_after_its_promotio
     assert [message.id for message in claim.messages] == [id]
     store.ack(claim.lease_deadline_ms, [id])
     late = store.park_occurrence("report", id, payload_of(id, due), due)
-    assert (late.outcome, late.due_ms) == ("kept", -1)
+    assert (late.outcome, late.due_ms) == ("kept", due_to_ms(due)), "refused, with the latest occurrence's time"
     assert store.get(id) is None
     earlier = due - timedelta(minutes=5)
     assert store.park_occurrence("report", "earlier", payload_of("earlier", earlier), earlier).outcome == "kept"
@@ -106,12 +109,15 @@ def test_a_malformed_schedule_record_is_reported_and_nothing_is_parked(store: De
     assert store.park_occurrence("report", "r1", payload_of("r1", due), due).outcome == "new"
 
 
-def test_a_cron_key_of_the_wrong_type_stops_every_park_with_nothing_written(store: DelayStore, client: redis.Redis):
+def test_a_cron_key_of_the_wrong_type_stops_scheduled_parks_only(store: DelayStore, client: redis.Redis):
     client.set(store.keys.cron, "spoiled")
+    due = datetime.now(timezone.utc) + timedelta(hours=1)
     try:
         with pytest.raises(DelayBrokerError, match="WRONGTYPE"):
-            store.park("plain", payload_of("plain", datetime.now(timezone.utc)), delay=60)
-        assert store.get("plain") is None
+            store.park_occurrence("report", "r1", payload_of("r1", due), due)
+        assert store.get("r1") is None
+        # Ordinary sends never read the schedule records: a stray key there must not stop them.
+        assert store.park("plain", payload_of("plain", due), delay=60).outcome == "new"
     finally:
         client.delete(store.keys.cron)
 
@@ -187,3 +193,37 @@ def test_a_scheduler_looks_again_only_when_an_occurrence_has_passed(store: Delay
     assert store.stats().parked == 1
     with pytest.raises(ConfigurationError, match="already a schedule named"):
         again.add(Schedule.create("hourly", "30 * * * *", payload_of))
+
+
+def test_a_scheduler_that_fell_behind_parks_the_missed_occurrence_late(store: DelayStore):
+    scheduler = CronScheduler(store, [Schedule.create("tick", "* * * * * *", payload_of)])
+    assert scheduler.run_pending() == 1
+    first = store.schedules()["tick"]
+    # Stalled past the next occurrence (a long delivery, a broker outage): nobody parked it in time.
+    wait_for(lambda: store.now_ms() > first + 1500, timeout=5)
+    assert scheduler.run_pending() == 1
+    missed = store.get(occurrence_id(store.keys.namespace, "tick", first + 1000))
+    assert missed is not None and missed.state == "due" and missed.due_ms == first + 1000, "parked late, not lost"
+    assert scheduler.seconds_until_due() < 0.01, "and the one after it is looked at at once"
+    time.sleep(0.01)
+    assert scheduler.run_pending() == 1
+    assert store.schedules()["tick"] == first + 2000
+
+    # A promoter starting now catches up from the store's record too (a restart shorter than CATCH_UP_MS).
+    wait_for(lambda: store.now_ms() > first + 3500, timeout=5)
+    fresh = CronScheduler(store, [Schedule.create("tick", "* * * * * *", payload_of)])
+    assert fresh.run_pending() == 1
+    assert store.get(occurrence_id(store.keys.namespace, "tick", first + 3000)) is not None
+
+
+def test_a_record_ahead_of_the_expression_is_reported_once(store: DelayStore, client, caplog):
+    # As after changing a monthly schedule to an hourly one: the record holds next month's occurrence.
+    far = store.now_ms() + 30 * 86_400_000
+    client.hset(store.keys.cron, "report", far)
+    scheduler = CronScheduler(store, [Schedule.create("report", "0 * * * *", payload_of)])
+    with caplog.at_level(logging.WARNING, logger="delay_broker.cron"):
+        assert scheduler.run_pending() == 0
+        scheduler._next_check = 0.0  # look again at once
+        assert scheduler.run_pending() == 0
+    warnings = [record.getMessage() for record in caplog.records if "already parked" in record.getMessage()]
+    assert len(warnings) == 1 and "cron forget report" in warnings[0]

@@ -26,6 +26,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry as RedisRetry
 
 from delay_broker import ConfigurationError, DelayStore, Envelope, InvalidDelay, PayloadTooLarge, StoreUnavailable
+from delay_broker.cron import occurrence_id
 from delay_broker.dramatiq import DEFAULT_THRESHOLD, DelayMiddleware, build_promoter, delay_ms
 from delay_broker.embedded import free_port
 
@@ -419,6 +420,9 @@ def test_a_schedule_runs_its_actor_at_every_occurrence_once(app: App) -> None:
     assert all(later - earlier > 1000 for earlier, later in itertools.pairwise(sorted(runs)))
     assert due_times["tick"] > max(runs), "the next occurrence is already parked"
     assert app.middleware.store.stats().parked == 1
+    # Created at its due time, so that AgeLimit (max_age) counts from when it was meant to run.
+    parked = app.middleware.parked_message(occurrence_id(app.middleware.namespace, "tick", due_times["tick"]))
+    assert parked is not None and parked.message_timestamp == due_times["tick"]
 
 
 def test_bad_schedules_are_refused_when_declared(app: App) -> None:

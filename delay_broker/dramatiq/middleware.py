@@ -286,7 +286,9 @@ class DelayMiddleware(dramatiq.Middleware):
 
         def build(id: str, due: datetime) -> Envelope:
             message = actor.message_with_options(args=frozen_args, kwargs=frozen_kwargs, **options)
-            return self._envelope(dataclasses.replace(message, message_id=id))[1]
+            # Created at its due time, not when parked a period ahead: AgeLimit (max_age) counts from it.
+            created = int(due.timestamp() * 1000)
+            return self._envelope(dataclasses.replace(message, message_id=id, message_timestamp=created))[1]
 
         schedule = Schedule.create(name or actor.actor_name, cron, build, timezone)
         if schedule.name in self._schedules:

@@ -17,8 +17,8 @@
 --         schedulers may offer the same occurrence, before or after it was promoted, and it runs once.
 -- ARGV[4..] groups of 4: id, kind ('d' = delay in ms from Redis TIME, 'a' = absolute due ms), value, envelope
 -- Returns a flat list, two entries per message: due_ms, outcome (1 = new, 2 = replaced, 0 = kept existing;
--- for a kept message due_ms is its current due time, or -1 when it is in flight, dead, or an occurrence
--- already parked once).
+-- for a kept message due_ms is its current due time, or -1 when it is in flight or dead; for a refused
+-- occurrence, the due time of the latest occurrence parked for its schedule).
 
 local replace = ARGV[1] == 'replace'
 local max_due = tonumber(ARGV[2])
@@ -42,12 +42,17 @@ for i = 4, #ARGV, 4 do
 end
 
 local problem = wrong_type(KEYS[1], 'zset', KEYS[2], 'hash', KEYS[3], 'zset', KEYS[4], 'hash', KEYS[5], 'zset',
-    KEYS[6], 'hash', KEYS[7], 'hash', KEYS[8], 'string', KEYS[9], 'list', KEYS[10], 'hash', KEYS[11], 'hash')
+    KEYS[6], 'hash', KEYS[7], 'hash', KEYS[8], 'string', KEYS[9], 'list', KEYS[10], 'hash')
 if problem then
     return problem
 end
 
+-- Only scheduled parks read the cron record: a stray key there must not stop ordinary sends.
 if schedule ~= '' then
+    problem = wrong_type(KEYS[11], 'hash')
+    if problem then
+        return problem
+    end
     if count ~= 1 then
         return redis.error_reply('ERR a scheduled occurrence is parked on its own')
     end
@@ -59,7 +64,7 @@ if schedule ~= '' then
                 .. KEYS[11] .. ': ' .. string.sub(latest, 1, 40) .. ' (delete the field to start it afresh)')
         end
         if dues[1] <= latest_due then
-            return {-1, 0}
+            return {latest_due, 0}
         end
     end
     redis.call('HSET', KEYS[11], schedule, dues[1])
