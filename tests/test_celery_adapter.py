@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import time
 import uuid
 from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
 from typing import Any
+from zoneinfo import ZoneInfo
 
 import pytest
 import redis
@@ -225,3 +227,51 @@ def test_prioritised_routes_follow_the_transport_separator(client: redis.Redis, 
     publisher = VirtualRepublisher(lambda: None, allowed, sep)
     assert publisher._matches("q", "q:5") and not publisher._matches("q", "q\x06\x165")
     assert not VirtualRepublisher(lambda: None, allowed)._matches("q", "q:5"), "SQS has no priority lists"
+
+
+# -- recurring schedules -------------------------------------------------------------------------------------------
+
+
+def test_a_schedule_parks_each_occurrence_as_celery_would_send_it(
+    app: Celery, redis_server: EmbeddedRedis, unique: str
+) -> None:
+    from delay_broker.celery import schedule, schedules_of
+    from delay_broker.cron import occurrence_id
+
+    store = store_of(app, redis_server)
+    client = redis_server.client()
+    queue = f"p{unique}:q-{unique}"
+    created = schedule(app, "0 9 * * *", app.tasks["t.add"], args=(2, 3), timezone="Europe/Paris", priority=7)
+    assert schedules_of(app) == {"t.add": created}
+    promoter = build_promoter(app)
+    promoter.step()  # the first look parks the next 09:00 in Paris; nothing is sent now
+    assert client.llen(queue) == 0 and client.llen(f"{queue}\x06\x166") == 0
+    due_ms = store.schedules()["t.add"]
+    assert due_ms is not None and datetime.fromtimestamp(due_ms / 1000, ZoneInfo("Europe/Paris")).hour == 9
+    info = store.get(occurrence_id(store.keys.namespace, "t.add", due_ms))
+    assert info is not None and info.state == "due" and info.envelope is not None
+    message = json.loads(info.envelope.payload)
+    headers = message["headers"]
+    assert headers["task"] == "t.add" and headers["id"] == info.id
+    assert headers["eta"] == datetime.fromtimestamp(due_ms / 1000, timezone.utc).isoformat()
+    assert message["properties"]["priority"] == 7
+
+    # When due it is delivered like any parked task: straight into the (priority) queue, once.
+    assert store.reschedule(info.id, delay=0) is not None
+    promoter.step()
+    assert client.lrange(f"{queue}\x06\x166", 0, -1) == [info.envelope.payload]
+    assert store.get(info.id) is None
+
+
+def test_bad_celery_schedules_are_refused_when_declared(app: Celery) -> None:
+    from delay_broker.celery import schedule
+
+    with pytest.raises(ConfigurationError, match="not a valid cron expression"):
+        schedule(app, "hourly", "t.add")
+    with pytest.raises(ConfigurationError, match="set by the schedule"):
+        schedule(app, "0 * * * *", "t.add", countdown=5)
+    with pytest.raises(ConfigurationError, match="a Celery task or a task name"):
+        schedule(app, "0 * * * *", 42)
+    schedule(app, "0 * * * *", "t.add", args=(1, 1))
+    with pytest.raises(ConfigurationError, match="give this one a name"):
+        schedule(app, "30 * * * *", "t.add", args=(2, 2))

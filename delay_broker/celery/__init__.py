@@ -22,6 +22,7 @@ from .api import (
     validate,
 )
 from .config import DEFAULT_NAMESPACE, DEFAULT_THRESHOLDS, OPTIONS_KEY, CeleryOptions, parse_options
+from .schedules import schedule, schedules_of
 
 TRANSPORT_REDIS = "delay_broker.celery.transport:RedisTransport"
 TRANSPORT_AMQP = "delay_broker.celery.transport:AmqpTransport"
@@ -42,6 +43,8 @@ __all__ = [
     "install",
     "parse_options",
     "reschedule",
+    "schedule",
+    "schedules_of",
     "store_for",
     "transport_kind",
     "validate",

@@ -8,6 +8,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from ..clock import delay_to_ms, ms_to_datetime
+from ..cron import CronScheduler
 from ..envelope import Envelope
 from ..errors import ConfigurationError, InvalidDelay
 from ..promoter import Deliverer, DirectDeliverer, Promoter, PromoterListener
@@ -23,6 +24,7 @@ from .delivery import (
     redis_priority_routes,
 )
 from .messages import dumps, loads, parse_celery_time
+from .schedules import schedules_of
 from .stores import RouteBook, same_redis, shared_store, store_client
 
 _STOCK_TRANSPORTS: dict[Kind, str] = {"redis": "redis", "amqp": "pyamqp", "sqs": "sqs"}
@@ -151,6 +153,7 @@ def build_promoter(app: Any, *, listener: PromoterListener | None = None, **over
             lambda: app.connection_for_write(transport="pyamqp", transport_options={"confirm_publish": True}),
             AllowedRoutes(declared_amqp_routes(app, queues), book),
         )
+    schedules = schedules_of(app)
     return Promoter(
         store,
         deliverer,
@@ -158,6 +161,7 @@ def build_promoter(app: Any, *, listener: PromoterListener | None = None, **over
         lease=options.lease,
         max_idle=options.max_idle,
         listener=listener,
+        cron=CronScheduler(store, schedules.values()) if schedules else None,
     )
 
 

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
+from collections.abc import Iterator
+from contextvars import ContextVar
 from datetime import datetime
 from typing import Any
 
@@ -16,6 +19,21 @@ from .stores import RouteBook, shared_store
 logger = logging.getLogger("delay_broker.celery")
 
 FRAMEWORK = "celery"
+
+_captured: ContextVar[list[Envelope] | None] = ContextVar("delay_broker_captured", default=None)
+
+
+@contextlib.contextmanager
+def capture_parked() -> Iterator[list[Envelope]]:
+    """Within the block, every task published with an eta is neither sent nor parked: its envelope, exactly
+    what would have been parked, is collected in the list this yields. Recurring schedules build their
+    messages this way, through Celery's own publishing path."""
+    captured: list[Envelope] = []
+    token = _captured.set(captured)
+    try:
+        yield captured
+    finally:
+        _captured.reset(token)
 
 
 class Parker:
@@ -36,6 +54,8 @@ class Parker:
         """The due time when this task should be parked, else None (no eta, or one close enough)."""
         if info is None or info.eta is None:
             return None
+        if _captured.get() is not None:
+            return info.eta
         if info.eta.timestamp() - time.time() <= self.threshold:
             return None
         return info.eta
@@ -43,11 +63,12 @@ class Parker:
     def park(self, info: TaskInfo, due: datetime, route: str, payload: bytes, extra: dict[str, Any]) -> None:
         """Park under the task id (a re-publish of the same id replaces it, as a re-sent message would)."""
         self.routes.record(route)
-        self.store.park(
-            info.id,
-            Envelope(route=route, payload=payload, framework=FRAMEWORK, name=info.name, extra=extra),
-            due=due,
-        )
+        envelope = Envelope(route=route, payload=payload, framework=FRAMEWORK, name=info.name, extra=extra)
+        captured = _captured.get()
+        if captured is not None:
+            captured.append(envelope)
+            return
+        self.store.park(info.id, envelope, due=due)
         if info.expires is not None and info.expires <= due:
             logger.debug(
                 "delay_broker: task %s[%s] expires at %s, before it is due at %s: Celery will discard it on delivery",

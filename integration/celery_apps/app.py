@@ -8,6 +8,7 @@ with :func:`make_app` and a dict, to send tasks with exactly the worker's config
 - ``DBT_OPTIONS``: JSON of ``broker_transport_options`` (including the ``delay_broker`` sub-dict).
 - ``DBT_QUEUE``: the test's own default queue.
 - ``DBT_RECORD_URL`` / ``DBT_RECORD_KEY``: where executions are recorded (RPUSH of a JSON line).
+- ``DBT_SCHEDULE``: optional cron expression on which ``dbtest.record("cron")`` runs (schedule ``tick``).
 """
 
 from __future__ import annotations
@@ -50,6 +51,10 @@ def make_app(env: Mapping[str, str]) -> Celery:
             raise self.retry(countdown=countdown)
         return tag
 
+    if env.get("DBT_SCHEDULE"):
+        from delay_broker.celery import schedule
+
+        schedule(app, env["DBT_SCHEDULE"], record_task, args=("cron",), name="tick")
     return app
 
 
