@@ -37,14 +37,16 @@ class Envelope:
     parked_at_ms: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
 
-    def encode(self) -> bytes:
+    def encode(self, parked_at_ms: int = 0) -> bytes:
+        """The stored bytes; ``parked_at_ms`` stands in for an unset :attr:`parked_at_ms`."""
         header: dict[str, Any] = {"v": VERSION, "f": self.framework, "r": self.route}
         if self.name is not None:
             header["n"] = self.name
         if self.hash_field is not None:
             header["h"] = self.hash_field
-        if self.parked_at_ms:
-            header["t"] = self.parked_at_ms
+        parked_at = self.parked_at_ms or parked_at_ms
+        if parked_at:
+            header["t"] = parked_at
         if self.extra:
             header["x"] = self.extra
         line = json.dumps(header, separators=(",", ":"), ensure_ascii=True).encode("ascii")

@@ -7,7 +7,6 @@ Lua script (see ``delay_broker/scripts``), so each is atomic and costs one round
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import os
 import socket
 import time
@@ -284,9 +283,7 @@ class DelayStore:
             raise PayloadTooLarge(
                 f"payload of {id!r} is {len(envelope.payload)} bytes, over the limit of {self.max_payload_bytes}"
             )
-        if not envelope.parked_at_ms:
-            envelope = dataclasses.replace(envelope, parked_at_ms=int(time.time() * 1000))
-        return envelope.encode()
+        return envelope.encode(parked_at_ms=int(time.time() * 1000))
 
     def cancel(self, id: str) -> bool:
         """Remove a parked (or dead-lettered) message. False if it is unknown, gone or being promoted."""
