@@ -93,9 +93,15 @@ def consume_all(rabbit: RabbitNode, queue: str) -> Counter[str]:
     try:
         channel = connection.channel()
         channel.basic_qos(prefetch_count=2000)
+        deadline = time.monotonic() + 300
         for method, _, body in channel.consume(queue, inactivity_timeout=3):
             if method is None:
-                break
+                # A quiet spell is not the end while RabbitMQ still holds ready messages (it can pause under
+                # load, paging 100,000 messages).
+                ready = channel.queue_declare(queue, passive=True).method.message_count
+                if ready == 0 or time.monotonic() > deadline:
+                    break
+                continue
             seen[json.loads(body)["message_id"]] += 1
             channel.basic_ack(method.delivery_tag)
         channel.cancel()
