@@ -136,13 +136,19 @@ class CronScheduler:
         if any(name not in self._latest for name in self.schedules):
             # First look: start from the store's records, so a promoter that just started also catches up
             # on an occurrence missed during a restart (records of None are malformed; the offer reports it).
-            known = self.store.schedules()
+            try:
+                known = self.store.schedules()
+            except StoreUnavailable:
+                raise
+            except DelayBrokerError:
+                known = {}  # a spoiled cron key: each offer below fails on it too, and reports it
             self._latest.update({name: due for name, due in known.items() if name in self.schedules and due})
         parked = 0
         wake_ms = now_ms + RECHECK_MS
         for schedule in self.schedules.values():
             try:
-                parked += self._offer(schedule, self._next_due(schedule, now_ms), now_ms)
+                upcoming = schedule.next_after(now_ms)
+                parked += self._offer(schedule, self._next_due(schedule, now_ms, upcoming), upcoming)
             except StoreUnavailable:
                 raise
             except Exception as error:
@@ -156,7 +162,8 @@ class CronScheduler:
         self._next_check = time.monotonic() + (wake_ms - now_ms + 1) / 1000
         return parked
 
-    def _next_due(self, schedule: Schedule, now_ms: int) -> int:
+    def _next_due(self, schedule: Schedule, now_ms: int, upcoming: int) -> int:
+        """The occurrence to offer; ``upcoming`` is the first one after now."""
         latest = self._latest.get(schedule.name)
         if latest is not None and latest < now_ms:
             # The occurrence after the latest one, even if it is already past (this promoter fell behind):
@@ -164,9 +171,9 @@ class CronScheduler:
             following = schedule.next_after(latest)
             if following >= now_ms - CATCH_UP_MS:
                 return following
-        return schedule.next_after(now_ms)
+        return upcoming
 
-    def _offer(self, schedule: Schedule, due_ms: int, now_ms: int) -> int:
+    def _offer(self, schedule: Schedule, due_ms: int, upcoming: int) -> int:
         id = occurrence_id(self.store.keys.namespace, schedule.name, due_ms)
         due = ms_to_datetime(due_ms)
         result = self.store.park_occurrence(schedule.name, id, schedule.build(id, due), due)
@@ -175,7 +182,7 @@ class CronScheduler:
             logger.debug("Schedule %r: parked occurrence %s due %s.", schedule.name, id, due.isoformat())
             return 1
         self._latest[schedule.name] = result.due_ms
-        if result.due_ms > schedule.next_after(now_ms) and self._warned.get(schedule.name) != result.due_ms:
+        if result.due_ms > upcoming and self._warned.get(schedule.name) != result.due_ms:
             # Nobody parks past the next occurrence after now: that record was made by another expression (a
             # changed schedule, or another application using the same name).
             self._warned[schedule.name] = result.due_ms
@@ -184,7 +191,7 @@ class CronScheduler:
                 "resumes after that one. If the expression changed, 'delay-broker cron forget %s' restarts it.",
                 schedule.name,
                 ms_to_datetime(result.due_ms).isoformat(),
-                due.isoformat(),
+                ms_to_datetime(upcoming).isoformat(),
                 schedule.name,
             )
         return 0

@@ -108,7 +108,7 @@ class Promoter:
         if not isinstance(deliverer, DirectDeliverer | Deliverer):
             raise TypeError("deliverer must have a deliver(message) or a direct_routes() method")
         if not 1 <= batch <= MAX_BATCH or lease <= 0 or max_idle <= 0:
-            raise ValueError("batch must be 1..1000, lease and max_idle positive")
+            raise ValueError(f"batch must be 1..{MAX_BATCH}, lease and max_idle positive")
         self.store = store
         self.deliverer = deliverer
         self.batch = batch

@@ -370,7 +370,7 @@ class DelayStore:
             at_ms=None if int(at) < 0 else int(at),
             raw=raw or None,
             attempts=int(attempts),
-            error=error.decode(errors="replace") if error else None,
+            error=_text(error) if error else None,
         )
 
     def list_messages(
@@ -407,7 +407,7 @@ class DelayStore:
                     at_ms=None if state == "due" else int(score),
                     raw=raw or None,
                     attempts=int(attempts),
-                    error=error.decode(errors="replace") if error else None,
+                    error=_text(error) if error else None,
                 )
             )
         return infos

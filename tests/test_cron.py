@@ -227,3 +227,32 @@ def test_a_record_ahead_of_the_expression_is_reported_once(store: DelayStore, cl
         assert scheduler.run_pending() == 0
     warnings = [record.getMessage() for record in caplog.records if "already parked" in record.getMessage()]
     assert len(warnings) == 1 and "cron forget report" in warnings[0]
+
+
+def test_a_corrupt_fifo_counter_refuses_an_occurrence_without_moving_the_record(store: DelayStore, client):
+    due = datetime.now(timezone.utc) + timedelta(hours=1)
+    client.set(store.keys.seq, "not a number")
+    try:
+        with pytest.raises(DelayBrokerError, match="not an integer counter"):
+            store.park_occurrence("report", "r1", payload_of("r1", due), due)
+        assert store.schedules() == {}, "the record did not move: the occurrence can still be parked"
+    finally:
+        client.delete(store.keys.seq)
+    assert store.park_occurrence("report", "r1", payload_of("r1", due), due).outcome == "new"
+
+
+def test_a_spoiled_cron_key_does_not_stop_the_promotion_of_other_messages(store, client, ready_key, caplog):
+    client.set(store.keys.cron, "spoiled")
+    promoter = Promoter(
+        store, DirectLists({"ready": ListTarget(ready_key)}), cron=CronScheduler(store, [every_second()]), max_idle=1
+    )
+    try:
+        with caplog.at_level(logging.ERROR, logger="delay_broker.cron"):
+            promoter.start()
+            store.park("plain", Envelope(route="ready", payload=b"plain"), delay=0)
+            wait_for(lambda: client.lrange(ready_key, 0, -1) == [b"plain"], timeout=10)
+    finally:
+        promoter.stop()
+        client.delete(store.keys.cron)
+    assert promoter.counters.errors == 0
+    assert any("WRONGTYPE" in record.getMessage() for record in caplog.records), "the schedule reports it"

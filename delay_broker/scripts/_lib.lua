@@ -51,6 +51,22 @@ local function head_due(due_key)
     return false
 end
 
+-- How many messages are due at `now`, at most `batch` (counted first so the head is taken with ZPOPMIN,
+-- without passing every id back to ZREM).
+local function count_due(due_key, now, batch)
+    return math.min(batch, redis.call('ZCOUNT', due_key, '-inf', due_limit(now)))
+end
+
+-- Takes the `count` earliest members; returns their ids and the ZPOPMIN reply {id, score, id, score, ...}.
+local function pop_due(due_key, count)
+    local popped = redis.call('ZPOPMIN', due_key, count)
+    local ids = {}
+    for i = 1, #popped, 2 do
+        ids[#ids + 1] = popped[i]
+    end
+    return ids, popped
+end
+
 -- Wake one sleeping promoter. One token is enough: whoever takes it re-reads the head for everyone.
 local function wake_one(wake_key)
     redis.call('LPUSH', wake_key, '1')

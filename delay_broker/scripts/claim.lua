@@ -42,13 +42,9 @@ end
 
 local deadline = now + lease
 local result = {now, deadline, -1}
-local ready = math.min(batch, redis.call('ZCOUNT', KEYS[1], '-inf', due_limit(now)))
+local ready = count_due(KEYS[1], now, batch)
 if ready > 0 then
-    local due = redis.call('ZPOPMIN', KEYS[1], ready)
-    local ids = {}
-    for i = 1, #due, 2 do
-        ids[#ids + 1] = due[i]
-    end
+    local ids, due = pop_due(KEYS[1], ready)
     local envelopes = redis.call('HMGET', KEYS[2], unpack(ids))
     -- One ZADD and one HSET for the whole batch: {deadline, id, deadline, id, ...} and {id, score, ...}.
     local leases, scores = {}, {}

@@ -47,6 +47,8 @@ if problem then
     return problem
 end
 
+local seq = next_seq(KEYS[8], count)
+
 -- Only scheduled parks read the cron record: a stray key there must not stop ordinary sends.
 if schedule ~= '' then
     problem = wrong_type(KEYS[11], 'hash')
@@ -70,7 +72,6 @@ if schedule ~= '' then
     redis.call('HSET', KEYS[11], schedule, dues[1])
 end
 
-local seq = next_seq(KEYS[8], count)
 local head = head_due(KEYS[1])
 local earliest = false
 local result = {}

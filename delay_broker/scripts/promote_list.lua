@@ -34,17 +34,15 @@ end
 
 local promoted, dead = 0, 0
 local result = {now, -1, 0, 0}
--- ZCOUNT then ZPOPMIN takes the due head in two calls, without passing every id back to ZREM.
-local ready = math.min(batch, redis.call('ZCOUNT', KEYS[1], '-inf', due_limit(now)))
+local ready = count_due(KEYS[1], now, batch)
 if ready > 0 then
     -- Every key written below must hold the right type before the first write (see wrong_type).
     local spec = {KEYS[2], 'hash', KEYS[3], 'zset', KEYS[4], 'hash', KEYS[5], 'hash', KEYS[6], 'hash'}
-    for k = 0, (#ARGV - 2) / 2 - 1 do
-        local mode = ARGV[4 + 2 * k]
-        spec[#spec + 1] = KEYS[8 + 2 * k]
+    for _, route in pairs(routes) do
+        spec[#spec + 1] = route.list
         spec[#spec + 1] = 'list'
-        if mode == 'hash' then
-            spec[#spec + 1] = KEYS[9 + 2 * k]
+        if route.mode == 'hash' then
+            spec[#spec + 1] = route.hash
             spec[#spec + 1] = 'hash'
         end
     end
@@ -52,11 +50,7 @@ if ready > 0 then
     if problem then
         return problem
     end
-    local due = redis.call('ZPOPMIN', KEYS[1], ready)
-    local ids = {}
-    for i = 1, #due, 2 do
-        ids[#ids + 1] = due[i]
-    end
+    local ids, due = pop_due(KEYS[1], ready)
     local envelopes = redis.call('HMGET', KEYS[2], unpack(ids))
     redis.call('HDEL', KEYS[2], unpack(ids))
     -- Attempts and errors exist only for messages that failed before: skip the work when there are none.
