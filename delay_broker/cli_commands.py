@@ -24,6 +24,7 @@ from .cli_format import (
     format_span,
     format_time,
     histogram_rows,
+    iso_time,
     message_record,
     parse_duration,
     parse_iso,
@@ -31,6 +32,7 @@ from .cli_format import (
     printable,
     stats_record,
 )
+from .clock import delay_to_ms, ms_to_datetime
 from .errors import DelayBrokerError
 from .keys import DEFAULT_NAMESPACE
 from .store import DelayStore, MessageInfo
@@ -532,22 +534,30 @@ def reschedule(
         raise click.UsageError("give exactly one of --in DURATION, --at TIME and --now")
     session = open_session(redis_url, namespace, as_json)
     try:
-        if now:
-            due_ms = session.store.reschedule(id, delay=0)
-        elif in_ is not None:
-            due_ms = session.store.reschedule(id, delay=parse_duration(in_))
+        if at is not None:
+            due = parse_iso(at)
         else:
-            due_ms = session.store.reschedule(id, due=parse_iso(at or ""))
+            # The Redis clock, like every relative delay.
+            due = ms_to_datetime(session.store.now_ms() + delay_to_ms(0 if now else parse_duration(in_ or "")))
     except ValueError as error:
         raise click.BadParameter(str(error), param_hint="--in/--at") from None
-    if due_ms is None:
-        info = session.store.get(id)
-        if info is None:
-            raise click.ClickException(f"no message {printable(id)!r} in namespace {namespace!r}")
+    info = get_message(session, id)
+    if info.state != "due":
         hint = " (use: delay-broker dead requeue ID)" if info.state == "dead" else ""
         raise click.ClickException(f"message {describe(info)} is not parked, so it cannot be rescheduled{hint}")
-    from .cli_format import iso_time
-
+    if info.envelope is not None and info.envelope.framework == "celery":
+        # A Celery message carries its own eta, which must move with it (see delay_broker.celery.reschedule).
+        try:
+            from .celery.messages import reschedule_parked
+        except ImportError:
+            raise click.ClickException(
+                "moving a Celery task rewrites its eta header, which needs celery installed"
+            ) from None
+        due_ms = reschedule_parked(session.store, id, due)
+    else:
+        due_ms = session.store.reschedule(id, due=due)
+    if due_ms is None:
+        raise click.ClickException(f"message {printable(id)!r} could not be rescheduled: it was promoted meanwhile")
     if as_json:
         emit_json({"id": id, "due_ms": due_ms, "due": iso_time(due_ms)})
     else:
@@ -688,7 +698,6 @@ def cron() -> None:
 
 
 def schedule_rows(store: DelayStore) -> list[dict[str, Any]]:
-    from .cli_format import iso_time
     from .cron import occurrence_id
 
     rows = []

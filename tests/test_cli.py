@@ -387,6 +387,10 @@ def test_reschedule_in_at_and_now(run, populated, store):
     assert store.get("cl-later").due_ms == moved["due_ms"]
     at = as_json(run("reschedule", "cl-later", "--at", "2031-02-03T04:05:06+01:00", "--json"))
     assert at["due"] == "2031-02-03T03:05:06.000Z"
+    # A Celery task's eta header moves with it, or a worker would hold it until the old eta.
+    stored = json.loads(store.get("cl-later").envelope.payload)
+    assert stored["headers"]["eta"] == "2031-02-03T03:05:06+00:00"
+    assert stored["body"] == json.loads(celery_envelope("x", "y").payload)["body"], "the body is untouched"
     now = run("reschedule", "cl-later", "--now")
     assert now.exit_code == 0 and "Rescheduled 'cl-later'" in now.output
     assert store.stats().overdue >= 1

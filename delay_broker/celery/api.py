@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import dataclasses
-from datetime import datetime, timezone
+from datetime import datetime
 from typing import Any
 from urllib.parse import urlsplit
 
 from ..clock import delay_to_ms, ms_to_datetime
 from ..cron import CronScheduler
-from ..envelope import Envelope
 from ..errors import ConfigurationError, InvalidDelay
 from ..promoter import Deliverer, DirectDeliverer, Promoter, PromoterListener
 from ..store import DelayStore, MessageInfo
@@ -23,7 +21,7 @@ from .delivery import (
     declared_queues,
     redis_priority_routes,
 )
-from .messages import dumps, loads, parse_celery_time
+from .messages import parse_celery_time, reschedule_parked
 from .schedules import schedules_of
 from .stores import RouteBook, same_redis, shared_store, store_client
 
@@ -188,31 +186,13 @@ def reschedule(
     if (countdown is None) == (eta is None):
         raise InvalidDelay("give exactly one of countdown and eta")
     store = store_for(app)
-    info = store.get(task_id)
-    envelope = info.envelope if info is not None and info.state == "due" else None
     if countdown is not None:
         countdown_ms = delay_to_ms(countdown)
-        if envelope is None:
-            return None
         due = ms_to_datetime(store.now_ms() + countdown_ms)  # the Redis clock, like every relative delay
     else:
         parsed = parse_celery_time(eta)
         if parsed is None:
             raise InvalidDelay(f"eta must be a datetime or an ISO 8601 string, got {eta!r}")
-        if envelope is None:
-            return None
         due = parsed
-    rewritten = dataclasses.replace(envelope, payload=_with_eta(envelope, due))
-    due_ms = store.reschedule(task_id, due=due, envelope=rewritten)
+    due_ms = reschedule_parked(store, task_id, due)
     return None if due_ms is None else ms_to_datetime(due_ms)
-
-
-def _with_eta(envelope: Envelope, due: datetime) -> bytes:
-    """The stored message with its ``eta`` header set to ``due`` (body untouched)."""
-    record = loads(envelope.payload)
-    eta = due.astimezone(timezone.utc).isoformat()
-    if "exchange" in envelope.extra:  # pyamqp: {body, properties: {application_headers}, exchange, routing_key}
-        record["properties"].setdefault("application_headers", {})["eta"] = eta
-    else:  # virtual transports: kombu's message dict
-        record["headers"]["eta"] = eta
-    return dumps(record).encode("utf-8")

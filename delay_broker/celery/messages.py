@@ -7,6 +7,7 @@ written with kombu's own encoder (never pickle), and it is read back with ``komb
 from __future__ import annotations
 
 import base64
+import dataclasses
 import logging
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -16,6 +17,9 @@ from typing import Any
 from celery.utils.time import maybe_iso8601, maybe_make_aware
 from kombu.serialization import loads as _kombu_loads
 from kombu.utils import json as _kombu_json
+
+from ..envelope import Envelope
+from ..store import DelayStore
 
 # kombu's JSON codec (it round-trips datetimes, UUIDs and decimals with type tags; never pickle).
 dumps: Callable[[Any], str] = _kombu_json.dumps
@@ -158,3 +162,24 @@ def revoked_ids(body: object, content_type: str | None, content_encoding: str | 
     if isinstance(ids, Iterable):
         return [item for item in ids if isinstance(item, str) and item]
     return []
+
+
+def with_eta(envelope: Envelope, due: datetime) -> Envelope:
+    """The parked task with its ``eta`` header set to ``due`` (body untouched). Whoever moves a parked task
+    must move its eta too, or a task moved earlier would wait in a worker for its old eta."""
+    record = loads(envelope.payload)
+    eta = due.astimezone(timezone.utc).isoformat()
+    if "exchange" in envelope.extra:  # pyamqp: {body, properties: {application_headers}, exchange, routing_key}
+        record["properties"].setdefault("application_headers", {})["eta"] = eta
+    else:  # virtual transports: kombu's message dict
+        record["headers"]["eta"] = eta
+    return dataclasses.replace(envelope, payload=dumps(record).encode("utf-8"))
+
+
+def reschedule_parked(store: DelayStore, task_id: str, due: datetime) -> int | None:
+    """Move a parked Celery task to ``due``, its eta header with it, in one step. Returns the new due time
+    in ms, or None if the task is not parked."""
+    info = store.get(task_id)
+    if info is None or info.state != "due" or info.envelope is None:
+        return None
+    return store.reschedule(task_id, due=due, envelope=with_eta(info.envelope, due))
