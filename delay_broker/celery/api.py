@@ -25,8 +25,6 @@ from .messages import parse_celery_time, reschedule_parked
 from .schedules import schedules_of
 from .stores import RouteBook, same_redis, shared_store, store_client
 
-_STOCK_TRANSPORTS: dict[Kind, str] = {"redis": "redis", "amqp": "pyamqp", "sqs": "sqs"}
-
 
 def app_options(app: Any, **overrides: Any) -> CeleryOptions:
     """The app's ``broker_transport_options["delay_broker"]``, with ``overrides``, checked."""

@@ -136,8 +136,7 @@ class _KombuPublisher:
 
 def _checked(message: ClaimedMessage, allowed: AllowedRoutes) -> Any:
     envelope = message.envelope
-    if envelope is None:  # the promoter dead-letters corrupt envelopes before calling us
-        raise DeliveryRefused(message.problem or "corrupt envelope")
+    assert envelope is not None  # the promoter dead-letters corrupt envelopes before calling us
     if envelope.framework != "celery":
         raise DeliveryRefused(f"not a Celery message (framework {envelope.framework!r})")
     if envelope.route not in allowed:

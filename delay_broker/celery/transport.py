@@ -20,7 +20,7 @@ from celery.signals import worker_init
 from kombu.transport import pyamqp as kombu_pyamqp
 from kombu.transport import redis as kombu_redis
 
-from .config import CeleryOptions, Kind, options_of
+from .config import Kind, options_of
 from .messages import amqp_route, encode_amqp, encode_virtual, revoked_ids, task_info
 from .parking import Parker
 
@@ -38,12 +38,11 @@ class DelayBrokerTransport:
     """
 
     delay_broker_kind: ClassVar[Kind]
-    delay_broker_options: CeleryOptions
     delay_broker: Parker | None
 
     def __init__(self, client: Any, **kwargs: Any) -> None:
         super().__init__(client, **kwargs)  # type: ignore[call-arg]
-        self.delay_broker_options = options = options_of(client.transport_options)
+        options = options_of(client.transport_options)
         self.delay_broker = Parker.for_connection(options, self.delay_broker_kind, client) if options.enabled else None
 
 

@@ -87,8 +87,7 @@ class BrokerDeliverer:
     def message_of(self, claimed: ClaimedMessage) -> dramatiq.Message[Any]:
         """The Dramatiq message to enqueue, or :class:`DeliveryRefused` if it can never be delivered."""
         envelope = claimed.envelope
-        if envelope is None:
-            raise DeliveryRefused(claimed.problem or "corrupt envelope")
+        assert envelope is not None  # the promoter dead-letters corrupt envelopes before calling us
         if envelope.framework != FRAMEWORK:
             raise DeliveryRefused(f"not a Dramatiq message (framework {envelope.framework!r})")
         # Same rule as the direct script: a stored message only reaches queues the application declared.
