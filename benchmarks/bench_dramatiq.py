@@ -18,7 +18,17 @@ from delay_broker import DelayStore, Envelope, ParkRequest
 from delay_broker.dramatiq import DelayMiddleware, build_promoter
 
 from .apps.dramatiq_app import declare_probe
-from .common import HERE, Lateness, WorkerProcess, now_ms, python_command, read_json_list, read_records, wait_for
+from .common import (
+    HERE,
+    Lateness,
+    WorkerProcess,
+    median,
+    now_ms,
+    python_command,
+    read_json_list,
+    read_records,
+    wait_for,
+)
 
 QUEUE = "bench"
 
@@ -172,12 +182,6 @@ def scale_ratio(url: str, parked: int, due: int, batch: int, rounds: int) -> dic
         "scale_large_msgs_per_s": median(rates["large"]),
         "scale_ratio": median(rates["large"]) / median(rates["small"]),
     }
-
-
-def median(values: list[float]) -> float:
-    ordered = sorted(values)
-    middle = len(ordered) // 2
-    return ordered[middle] if len(ordered) % 2 else (ordered[middle - 1] + ordered[middle]) / 2
 
 
 # -- 2. publish_ratio (RabbitMQ, SQS) -------------------------------------------------------------------------------

@@ -17,6 +17,7 @@ Framework-specific cases (a Celery content type, a Dramatiq queue) are in the ad
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import re
@@ -46,16 +47,12 @@ from delay_broker import (
 from delay_broker.clock import MAX_DUE_MS
 from delay_broker.deliverers import DirectLists, ListDeliverer
 from delay_broker.embedded import EmbeddedRedis
+from tests.helpers import wait_for as shared_wait_for
 
 GOOD = Envelope(route="ready", payload=b"good")
 
 
-def wait_for(condition: Callable[[], object], timeout: float = 20.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} not met within {timeout} s")
-        time.sleep(0.01)
+wait_for = functools.partial(shared_wait_for, timeout=20.0)
 
 
 @dataclass
@@ -79,10 +76,10 @@ class World:
         """A good message parked now reaches the target: the promoter is alive and working."""
         token = f"good-{uuid.uuid4().hex[:8]}"
         self.store.park(token, Envelope(route="ready", payload=token.encode()), delay=0)
-        wait_for(lambda: token.encode() in self.delivered(), timeout, f"good message {token} promoted")
+        wait_for(lambda: token.encode() in self.delivered(), timeout=timeout, what=f"good message {token} promoted")
         # On the at-least-once path the push comes before the ack: the promotion is over once the store
         # no longer holds the message.
-        wait_for(lambda: self.store.get(token) is None, timeout, f"good message {token} acknowledged")
+        wait_for(lambda: self.store.get(token) is None, timeout=timeout, what=f"good message {token} acknowledged")
         assert self.promoter.running, "the promoter thread died"
 
     def plant(self, id: str, raw: bytes | None) -> None:

@@ -6,6 +6,7 @@ Messages are parked through the real Dramatiq middleware and promoted by real ``
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import random
@@ -16,7 +17,6 @@ import time
 from collections import Counter
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pika
 import pytest
@@ -24,6 +24,7 @@ import pytest
 from delay_broker import DelayStore
 from delay_broker.embedded import EmbeddedRedis
 from delay_broker.metrics import PromoterMetrics
+from tests.helpers import wait_for as shared_wait_for
 
 from .servers import RabbitNode
 
@@ -110,12 +111,7 @@ def consume_all(rabbit: RabbitNode, queue: str) -> Counter[str]:
     return seen
 
 
-def wait_until(condition: Any, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(0.5)
+wait_until = functools.partial(shared_wait_for, interval=0.5)
 
 
 @pytest.fixture(scope="module")

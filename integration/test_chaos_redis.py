@@ -6,6 +6,7 @@ Every test prints its figures (delivered, lost, duplicated, kills, ...); ``pytes
 
 from __future__ import annotations
 
+import functools
 import os
 import random
 import signal
@@ -15,7 +16,7 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -26,16 +27,12 @@ from redis.retry import Retry
 from delay_broker import DelayBrokerError, DelayStore, Envelope, ParkRequest
 from delay_broker.clock import due_of_score
 from delay_broker.embedded import EmbeddedRedis
+from tests.helpers import wait_for as shared_wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def wait_for(condition: Callable[[], object], timeout: float, what: str, interval: float = 0.05) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: not within {timeout} s")
-        time.sleep(interval)
+wait_for = functools.partial(shared_wait_for, interval=0.05)
 
 
 class Promoters:

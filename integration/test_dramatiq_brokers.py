@@ -9,6 +9,7 @@ only (it boots no worker, so it promotes nothing). Actors record each run in Red
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import signal
@@ -18,7 +19,7 @@ import tempfile
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -30,6 +31,7 @@ import redis
 
 from delay_broker.cron import occurrence_id
 from delay_broker.embedded import EmbeddedRedis
+from tests.helpers import wait_for as shared_wait_for
 
 from .dramatiq_apps.app import LONG_RETRY_MS, App, build
 
@@ -43,15 +45,7 @@ def now_ms() -> int:
     return int(time.time() * 1000)
 
 
-def wait_for(condition: Callable[[], Any], timeout: float, what: str, interval: float = 0.05) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what}: not within {timeout} s")
-        time.sleep(interval)
+wait_for = functools.partial(shared_wait_for, interval=0.05)
 
 
 @dataclass

@@ -6,13 +6,14 @@ Each test prints what it checked; ``pytest -s`` shows it.
 from __future__ import annotations
 
 import ast
+import functools
 import re
 import shutil
 import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -30,17 +31,13 @@ from delay_broker import (
 )
 from delay_broker.deliverers import DirectLists, ListDeliverer
 from delay_broker.embedded import EmbeddedRedis, free_port
+from tests.helpers import wait_for as shared_wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = Path(delay_broker.__file__).resolve().parent
 
 
-def wait_for(condition: Callable[[], object], timeout: float = 15.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {timeout} s")
-        time.sleep(0.01)
+wait_for = functools.partial(shared_wait_for, timeout=15.0)
 
 
 # -- (a) a Redis ACL user limited to the store's keys and the commands it needs ---------------------------------
@@ -138,14 +135,19 @@ def acl_redis() -> Iterator[EmbeddedRedis]:
         yield server
 
 
-def test_store_and_promoter_work_under_a_least_privilege_acl_user(acl_redis):
-    admin = acl_redis.client()
+def acl_targets() -> tuple[str, dict[str, ListTarget], list[str]]:
+    """A namespace of its own, a list and a list+hash target outside it, and the target keys for the ACL."""
     namespace = f"acl-{uuid.uuid4().hex[:8]}"
     targets = {
         "ready": ListTarget(f"app:{namespace}:ready"),
         "hashed": ListTarget(f"app:{namespace}:q", mode="hash", hash_key=f"app:{namespace}:q.msgs"),
     }
-    target_keys = [f"app:{namespace}:ready", f"app:{namespace}:q", f"app:{namespace}:q.msgs"]
+    return namespace, targets, [f"app:{namespace}:ready", f"app:{namespace}:q", f"app:{namespace}:q.msgs"]
+
+
+def test_store_and_promoter_work_under_a_least_privilege_acl_user(acl_redis):
+    admin = acl_redis.client()
+    namespace, targets, target_keys = acl_targets()
     line = acl_setuser_line("delay_broker", "s3cret", namespace, target_keys, NEEDED)
     print(f"\n{line}")
     admin.execute_command(*line.split())
@@ -179,12 +181,7 @@ def test_store_and_promoter_work_under_a_least_privilege_acl_user(acl_redis):
 def test_every_command_of_the_acl_line_is_needed(acl_redis):
     """Minimality: with any one command taken out, some operation of the exercise is refused."""
     admin = acl_redis.client()
-    namespace = f"acl-{uuid.uuid4().hex[:8]}"
-    targets = {
-        "ready": ListTarget(f"app:{namespace}:ready"),
-        "hashed": ListTarget(f"app:{namespace}:q", mode="hash", hash_key=f"app:{namespace}:q.msgs"),
-    }
-    target_keys = [f"app:{namespace}:ready", f"app:{namespace}:q", f"app:{namespace}:q.msgs"]
+    namespace, targets, target_keys = acl_targets()
     refused_by_omission: dict[str, str] = {}
     for omitted in NEEDED:
         admin.script_flush()

@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import signal
 import subprocess
 import sys
 import tempfile
-import time
 from collections import Counter
-from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -20,6 +19,7 @@ import redis
 from celery import Celery
 
 from delay_broker import DelayStore
+from tests.helpers import wait_for as shared_wait_for
 
 from .app import make_app
 
@@ -31,12 +31,7 @@ TRANSPORTS = {
 }
 
 
-def wait_for(condition: Callable[[], object], timeout: float, interval: float = 0.1, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} not met within {timeout} s")
-        time.sleep(interval)
+wait_for = functools.partial(shared_wait_for, interval=0.1)
 
 
 @dataclass
@@ -199,12 +194,3 @@ class CeleryEnv:
             self.store_client.delete(*keys.all())
         if self._app is not None:
             self._app.close()
-
-
-@contextlib.contextmanager
-def celery_env(kind: str, **kwargs: Any) -> Iterator[CeleryEnv]:
-    env = CeleryEnv.create(kind, **kwargs)
-    try:
-        yield env
-    finally:
-        env.close()
