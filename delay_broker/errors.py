@@ -19,8 +19,60 @@ class PayloadTooLarge(InvalidMessage):
     """A payload larger than the store's ``max_payload_bytes``."""
 
 
-class StoreUnavailable(DelayBrokerError, ConnectionError):
+class StoreError(DelayBrokerError):
+    """Redis did not do what was asked, for a reason of the server's and not of the message's.
+
+    Promoters back off on these like on an outage, without counting an attempt against any message.
+    """
+
+
+class StoreUnavailable(StoreError, ConnectionError):
     """Redis could not be reached or did not answer; nothing was written (or it is unknown whether it was)."""
+
+
+class StoreRefused(StoreError):
+    """Redis answered and refused the operation; nothing was written. Each subclass names one reason."""
+
+    code = ""
+    """The Redis error code behind it (``NOREPLICAS``, ``OOM`` ...), when there is one."""
+
+
+class NotEnoughReplicas(StoreRefused):
+    """The master refused writes (``NOREPLICAS``: fewer replicas than ``min-replicas-to-write``)."""
+
+    code = "NOREPLICAS"
+
+
+class StoreFull(StoreRefused):
+    """Redis is at ``maxmemory`` under the ``noeviction`` policy (``OOM``): nothing more can be parked."""
+
+    code = "OOM"
+
+
+class StoreReadOnly(StoreRefused):
+    """The server is a replica (``READONLY``): a failover is under way, or the URL names a replica."""
+
+    code = "READONLY"
+
+
+class StoreLoading(StoreRefused):
+    """Redis is loading its data set from disk after a restart (``LOADING``)."""
+
+    code = "LOADING"
+
+
+class WrongNode(StoreRefused):
+    """A Redis Cluster answered ``MOVED``/``ASK``/``CROSSSLOT``/``CLUSTERDOWN``/``TRYAGAIN``: the slot lives
+    elsewhere, is migrating, or the cluster is not serving it."""
+
+    code = "CLUSTER"
+
+
+class NotReplicated(StoreUnavailable):
+    """A durable write (``replicas=N``) was made on the master but fewer than N replicas confirmed it in time.
+
+    It is not reported as done: a failover now could lose it. Doing the same call again is safe.
+    """
 
 
 class CorruptEnvelope(DelayBrokerError, ValueError):

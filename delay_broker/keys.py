@@ -1,23 +1,88 @@
-"""Redis key names of one delay store namespace.
+"""Redis key names of one delay store namespace, and of its shards.
 
-Every key of a namespace carries the same Redis Cluster hash tag (``{namespace}``) so that each Lua script
-touches a single slot. This module is the only place that spells key names.
+Every key of a shard carries the same Redis Cluster hash tag, so each Lua script touches a single slot. Shard
+0 of a namespace is tagged ``{namespace}`` (the layout of unsharded stores); shard ``i`` gets a tag of its own
+chosen so that the shards' slots are spread evenly over the 16384 slots (see :func:`shard_tag`). This module
+is the only place that spells key names, and :data:`SCRIPT_KEYS` the only place that orders them: every
+script receives one shard's keys in that order, so a shard is just another key set.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import zlib
+from dataclasses import dataclass, field
+from functools import cache
+
+from redis.crc import REDIS_CLUSTER_HASH_SLOTS, key_slot
 
 DEFAULT_PREFIX = "delay_broker"
 DEFAULT_NAMESPACE = "default"
+MAX_SHARDS = 1024
+
+SCRIPT_KEYS = (
+    "due",
+    "msg",
+    "inflight",
+    "leased",
+    "dead",
+    "attempts",
+    "errors",
+    "seq",
+    "wake",
+    "stats",
+    "promoters",
+    "routes",
+    "cron",
+)
+"""The keys of a shard, in the order every script receives them as KEYS (Lua names them in upper case)."""
+
+
+def lua_key_names() -> str:
+    """The Lua prelude naming each key of :data:`SCRIPT_KEYS` (``local DUE = KEYS[1]`` ...)."""
+    lines = [f"local {name.upper()} = KEYS[{n}]" for n, name in enumerate(SCRIPT_KEYS, start=1)]
+    lines.append(f"local FIRST_EXTRA_KEY = {len(SCRIPT_KEYS) + 1}  -- route targets, a promoter's own wake list")
+    return "\n".join(lines) + "\n"
+
+
+def _bucket(tag: str, shards: int) -> int:
+    return key_slot(tag.encode()) * shards // REDIS_CLUSTER_HASH_SLOTS
+
+
+@cache
+def shard_tags(namespace: str, shards: int) -> tuple[str, ...]:
+    """The hash tags of a namespace's shards: ``namespace`` for shard 0, then one per share of the slots.
+
+    Shard ``i`` is tagged ``namespace#i`` or, when that slot's share of the slot range is taken,
+    ``namespace#i.j`` for the first ``j`` that lands in a free share. The N shards thus sit in N different
+    N-ths of the slot range, and a cluster whose masters own equal contiguous ranges (what
+    ``redis-cli --cluster create`` makes) gets an even share of them.
+    """
+    if not 1 <= shards <= MAX_SHARDS:
+        raise ValueError(f"shards must be 1..{MAX_SHARDS}, got {shards}")
+    free = [bucket for bucket in range(shards) if bucket != _bucket(namespace, shards)]
+    tags = [namespace]
+    for shard, target in enumerate(free, start=1):
+        candidate, attempt = f"{namespace}#{shard}", 0
+        while _bucket(candidate, shards) != target:
+            attempt += 1
+            candidate = f"{namespace}#{shard}.{attempt}"
+        tags.append(candidate)
+    return tuple(tags)
+
+
+def shard_of(id: str, shards: int) -> int:
+    """The shard holding message ``id``: a stable hash, the same in every process and version."""
+    return 0 if shards == 1 else zlib.crc32(id.encode()) % shards
 
 
 @dataclass(frozen=True)
 class Keyspace:
-    """The key names of one namespace, e.g. ``delay_broker:{default}:due``."""
+    """The key names of one shard of a namespace, e.g. ``delay_broker:{default}:due`` for shard 0."""
 
     namespace: str = DEFAULT_NAMESPACE
     prefix: str = DEFAULT_PREFIX
+    tag: str = field(default="")
+    """The hash tag of the shard; the namespace itself (shard 0) when not given."""
 
     def __post_init__(self) -> None:
         for label, value in (("namespace", self.namespace), ("prefix", self.prefix)):
@@ -25,33 +90,35 @@ class Keyspace:
                 raise ValueError(f"{label} must be a non-empty string, got {value!r}")
             if any(c in value for c in "{}") or any(c.isspace() for c in value):
                 raise ValueError(f"{label} must not contain braces or white space, got {value!r}")
+        if not self.tag:
+            object.__setattr__(self, "tag", self.namespace)
+
+    @classmethod
+    def shards_of(cls, namespace: str, prefix: str, shards: int) -> list[Keyspace]:
+        """The key sets of every shard of a namespace, shard 0 first."""
+        return [cls(namespace, prefix, tag) for tag in shard_tags(namespace, shards)]
 
     def key(self, name: str) -> str:
-        return f"{self.prefix}:{{{self.namespace}}}:{name}"
+        return f"{self.prefix}:{{{self.tag}}}:{name}"
 
     @property
     def pattern(self) -> str:
-        """A glob matching every key of this namespace (for ACLs and inspection)."""
-        return f"{self.prefix}:{{{self.namespace}}}:*"
+        """A glob matching every key of this shard (for ACLs and inspection)."""
+        return f"{self.prefix}:{{{self.tag}}}:*"
+
+    @property
+    def script_keys(self) -> list[str]:
+        """The KEYS every script of this shard receives, in :data:`SCRIPT_KEYS` order."""
+        return [self.key(name) for name in SCRIPT_KEYS]
 
     def all(self) -> list[str]:
-        """Every fixed key of the namespace (per-promoter stop markers expire by themselves)."""
-        names = (
-            "due",
-            "msg",
-            "inflight",
-            "leased",
-            "dead",
-            "attempts",
-            "errors",
-            "seq",
-            "wake",
-            "stats",
-            "promoters",
-            "routes",
-            "cron",
-        )
-        return [self.key(name) for name in names]
+        """Every fixed key of the shard (per-promoter stop markers expire by themselves)."""
+        return [*self.script_keys, self.layout]
+
+    @property
+    def layout(self) -> str:
+        """STRING: the number of shards of the namespace (shard 0 only; absent means one)."""
+        return self.key("shards")
 
     @property
     def due(self) -> str:

@@ -15,8 +15,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
-from .errors import DeliveryRefused, StoreUnavailable, TargetUnavailable
-from .store import MAX_BATCH, ClaimedMessage, DelayStore, NackAction, new_promoter_id
+from .errors import ConfigurationError, DeliveryRefused, StoreError, TargetUnavailable
+from .store import MAX_BATCH, Claim, ClaimedMessage, DelayStore, NackAction, new_promoter_id
 from .targets import ListTarget
 
 if TYPE_CHECKING:
@@ -81,6 +81,10 @@ class PromoterCounters:
 class Promoter:
     """Claims due messages, delivers them and acknowledges them, until stopped.
 
+    On a sharded namespace it serves every shard: it looks at a shard when something there is due, when a
+    park wakes it for that shard, and at least every ``max_idle`` seconds (which also takes over the
+    shards of a promoter that died, within its lease). No leader: any number of promoters share the shards.
+
     Parameters:
       store: the delay store to promote from.
       deliverer: a :class:`DirectDeliverer` (exactly-once into the same Redis) or a :class:`Deliverer`.
@@ -122,6 +126,13 @@ class Promoter:
         self._thread: threading.Thread | None = None
         self._redis_down = False
         self._failures = 0
+        self._look_at: list[float] = []
+        """Per shard: the monotonic time of the next look."""
+        if isinstance(deliverer, DirectDeliverer):
+            # A layout that cannot work (exactly-once on a Cluster, targets outside the slot) fails here, at
+            # start-up, not in the loop (where it is checked again, should Redis be down now).
+            with contextlib.suppress(StoreError):
+                store.check_direct(deliverer.direct_routes())
 
     # -- lifecycle -------------------------------------------------------------------------------------
 
@@ -141,7 +152,7 @@ class Promoter:
         """Finish the batch in hand, give back what was not delivered, and return."""
         self._stopping.set()
         # If Redis is down the promoter is backing off, and the backoff waits on the stop event.
-        with contextlib.suppress(StoreUnavailable):
+        with contextlib.suppress(StoreError):
             self.store.wake(self.id)
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout)
@@ -169,8 +180,11 @@ class Promoter:
                 self.cron.run_pending()
             full, wait = self._promote_once()
             self._recovered()
-        except StoreUnavailable as error:
+        except StoreError as error:
             self._fault("redis", error)
+            return
+        except ConfigurationError as error:
+            self._misconfigured(error)
             return
         except TargetUnavailable as error:
             self._fault("target", error)
@@ -186,7 +200,7 @@ class Promoter:
             return
         try:
             self._sleep(wait)
-        except StoreUnavailable as error:
+        except StoreError as error:
             self._fault("redis", error)
         except Exception:
             # The wake list can be refused too (a key of the wrong type, a missing permission): back off.
@@ -200,19 +214,43 @@ class Promoter:
         sleeps the rest locally, which is precise.
         """
         if wait >= self.max_idle:
-            self.store.wait_for_wake(self.max_idle, self.id)
+            self._woken(self.store.wait_for_wake(self.max_idle, self.id))
             return
         wake_at = time.monotonic() + wait
-        if wait > BLOCKING_SLACK + 0.02 and self.store.wait_for_wake(wait - BLOCKING_SLACK, self.id):
+        if wait > BLOCKING_SLACK + 0.02 and self._woken(self.store.wait_for_wake(wait - BLOCKING_SLACK, self.id)):
             return
         self._stopping.wait(max(0.0, wake_at - time.monotonic()))
+
+    def _woken(self, shards: frozenset[int] | None) -> bool:
+        for shard in shards or ():
+            if shard < len(self._look_at):
+                self._look_at[shard] = 0.0
+        return shards is not None
 
     # -- one cycle -------------------------------------------------------------------------------------
 
     def _promote_once(self) -> tuple[bool, float]:
-        """Returns whether the batch was full and how long (s) until something may be due."""
+        """Promotes on every shard that needs a look; returns whether a batch was full and how long (s) until
+        the next look."""
+        shards = len(self.store.shards)
+        if len(self._look_at) != shards:
+            self._look_at = [0.0] * shards
+        started = time.monotonic()
+        any_full = False
+        for shard in range(shards):
+            if self._look_at[shard] > started:
+                continue
+            full, wait = self._promote_shard(shard)
+            # Every shard is looked at within max_idle even when nothing is due: a wake lost with a producer
+            # that died, or a lease left by a promoter that died, is picked up by the others.
+            self._look_at[shard] = started + (0.0 if full else max(0.0, min(wait, self.max_idle)))
+            any_full = any_full or full
+        return any_full, min(self._look_at) - time.monotonic()
+
+    def _promote_shard(self, shard: int) -> tuple[bool, float]:
+        """Returns whether the batch was full and how long (s) until something may be due in the shard."""
         if isinstance(self.deliverer, DirectDeliverer):
-            result = self.store.promote_direct(self.deliverer.direct_routes(), self.batch, self.id)
+            result = self.store.promote_direct(self.deliverer.direct_routes(), self.batch, self.id, shard=shard)
             self._promoted(result.lateness_ms, result.dead_lettered)
             if result.dead_lettered:
                 logger.warning(
@@ -223,12 +261,13 @@ class Promoter:
                 )
             full = result.promoted + result.dead_lettered >= self.batch
             return full, _seconds_until(result.next_due_ms, result.now_ms, self.max_idle)
-        claim = self.store.claim(self.batch, self.lease, self.id)
-        self._deliver(claim.messages, claim.lease_deadline_ms, claim.now_ms)
+        claim = self.store.claim(self.batch, self.lease, self.id, shard=shard)
+        self._deliver(claim)
         return len(claim.messages) >= self.batch, _seconds_until(claim.next_wake_ms, claim.now_ms, self.max_idle)
 
-    def _deliver(self, messages: Sequence[ClaimedMessage], deadline_ms: int, now_ms: int) -> None:
+    def _deliver(self, claim: Claim) -> None:
         assert isinstance(self.deliverer, Deliverer)
+        messages, deadline_ms, now_ms = claim.messages, claim.lease_deadline_ms, claim.now_ms
         started = time.monotonic()
         # Stop delivering while a safe margin of the lease is left: past it another promoter may take the
         # message again, which would be a duplicate.
@@ -264,14 +303,14 @@ class Promoter:
         # Give back first: if Redis fails between the two calls, released messages must not wait out a lease
         # (its expiry counts as an attempt); delivered ones waiting out theirs are merely delivered again.
         if failures:
-            outcomes: list[str] = self.store.nack(deadline_ms, failures)
+            outcomes: list[str] = self.store.nack(deadline_ms, failures, shard=claim.shard)
             dead = outcomes.count("dead")
             self.counters.retried += outcomes.count("retried")
             for (id, reason, _), outcome in zip(failures, outcomes, strict=True):
                 if outcome == "dead":
                     logger.warning("Promoter %s: dead-lettered %s: %s", self.id, id, reason)
         if delivered:
-            self.store.ack(deadline_ms, delivered)
+            self.store.ack(deadline_ms, delivered, shard=claim.shard)
         self._promoted(lateness, dead)
         if outage is not None:
             raise outage
@@ -301,6 +340,12 @@ class Promoter:
         # Full jitter keeps many promoters from hammering a recovering server in step.
         ceiling = min(10.0, 0.05 * 2 ** min(self._failures, 10))
         self._stopping.wait(random.uniform(ceiling / 2, ceiling))
+
+    def _misconfigured(self, error: ConfigurationError) -> None:
+        # A configuration that cannot work is not an outage: say so loudly, once per run of failures.
+        if self._failures == 0:
+            logger.error("Promoter %s cannot promote: %s", self.id, error)
+        self._fault("configuration", None)
 
     def _unexpected(self, doing: str) -> None:
         # The traceback once per run of failures: a fault that repeats at every backoff would flood the log.

@@ -1,148 +1,77 @@
 """The delay store: parked messages in Redis and the atomic operations on them.
 
 The store knows ids, due times and envelopes; it knows nothing of Dramatiq or Celery. Every operation is one
-Lua script (see ``delay_broker/scripts``), so each is atomic and costs one round trip.
+Lua script (see ``delay_broker/scripts``) on one shard, so each is atomic, touches one Redis Cluster slot and
+costs one round trip. A namespace has one shard unless it was given more (``shards=N``, for Redis Cluster):
+a message lives in the shard its id hashes to, recurring schedules and their occurrences in shard 0.
 """
 
 from __future__ import annotations
 
 import contextlib
+import heapq
+import logging
 import os
 import socket
+import threading
 import time
 import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
 
 import redis
+from redis.crc import key_slot
+from redis.exceptions import RedisClusterException
 
 from . import scripts
 from .clock import MAX_DUE_MS, Delay, delay_to_ms, due_of_score, due_to_ms, score_ceiling, score_floor
+from .connect import CLIENT_DEFAULTS, AnyRedis, client_from_url, describe, is_cluster, master_address
 from .envelope import Envelope
 from .errors import (
+    ConfigurationError,
     CorruptEnvelope,
     DelayBrokerError,
     InvalidDelay,
     InvalidMessage,
+    NotReplicated,
     PayloadTooLarge,
-    StoreUnavailable,
 )
-from .keys import DEFAULT_NAMESPACE, DEFAULT_PREFIX, Keyspace
+from .keys import DEFAULT_NAMESPACE, DEFAULT_PREFIX, MAX_SHARDS, Keyspace, shard_of
+from .records import (
+    Claim,
+    ClaimedMessage,
+    DirectPromotion,
+    MessageInfo,
+    NackAction,
+    OnConflict,
+    ParkRequest,
+    ParkResult,
+    Requeued,
+    State,
+    StoreStats,
+)
+from .redis_errors import translate
 from .targets import ListTarget
 
+logger = logging.getLogger("delay_broker.store")
+
 MAX_BATCH = 1000
-CLIENT_DEFAULTS: dict[str, Any] = {
-    "socket_connect_timeout": 5.0,
-    "socket_timeout": 30.0,
-    "socket_keepalive": True,
-    "health_check_interval": 30,
-}
-"""Client settings for stores made from a URL: fail fast when Redis is unreachable, notice dead peers."""
 MAX_ID_LENGTH = 512
 DEFAULT_MAX_PAYLOAD = 1024 * 1024
+STORE_OPTIONS = (
+    "namespace",
+    "prefix",
+    "max_payload_bytes",
+    "max_attempts",
+    "retry_backoff",
+    "shards",
+    "replicas",
+    "replica_timeout",
+)
+"""Options of :class:`DelayStore` itself; :meth:`DelayStore.from_url` gives every other one to the client."""
 
-OnConflict = Literal["replace", "keep"]
-State = Literal["due", "inflight", "dead", "gone"]
-NackAction = Literal["retry", "dead", "release"]
-
-
-@dataclass(frozen=True)
-class ParkRequest:
-    """One message to park: exactly one of ``delay`` (seconds or timedelta) and ``due`` (aware datetime)."""
-
-    id: str
-    envelope: Envelope
-    delay: Delay | None = None
-    due: datetime | None = None
-
-
-@dataclass(frozen=True)
-class ParkResult:
-    id: str
-    due_ms: int
-    """The due time now stored (for a kept duplicate: the existing one; -1 if it is in flight or dead)."""
-    outcome: Literal["new", "replaced", "kept"]
-
-
-@dataclass(frozen=True)
-class ClaimedMessage:
-    """A message leased to a promoter. ``envelope`` is None when the stored bytes are corrupt."""
-
-    id: str
-    due_ms: int
-    raw: bytes
-    envelope: Envelope | None
-    problem: str | None = None
-
-
-@dataclass(frozen=True)
-class Claim:
-    now_ms: int
-    lease_deadline_ms: int
-    next_wake_ms: int | None
-    messages: list[ClaimedMessage]
-
-
-@dataclass(frozen=True)
-class DirectPromotion:
-    now_ms: int
-    next_due_ms: int | None
-    promoted: int
-    dead_lettered: int
-    lateness_ms: list[int]
-
-
-@dataclass(frozen=True)
-class MessageInfo:
-    """What the store holds for one id."""
-
-    id: str
-    state: State
-    due_ms: int | None
-    at_ms: int | None
-    """Lease deadline (in flight) or time it was dead-lettered (dead)."""
-    raw: bytes | None
-    attempts: int
-    error: str | None
-
-    @property
-    def envelope(self) -> Envelope | None:
-        if self.raw is None:
-            return None
-        try:
-            return Envelope.decode(self.raw)
-        except CorruptEnvelope:
-            return None
-
-
-@dataclass(frozen=True)
-class Requeued:
-    count: int
-    """Dead letters parked again."""
-    not_requeued: list[str]
-    """Ids given (or found) that were not: not dead-lettered, or with no payload to requeue."""
-
-
-@dataclass(frozen=True)
-class StoreStats:
-    now_ms: int
-    parked: int
-    inflight: int
-    dead: int
-    overdue: int
-    next_due_ms: int | None
-    live_promoters: int
-    counters: dict[str, int]
-    histogram: list[int]
-    """Parked messages per bucket of :attr:`DelayStore.HISTOGRAM_EDGES`, plus one for later."""
-
-    @property
-    def oldest_overdue_age_ms(self) -> int:
-        if self.overdue == 0 or self.next_due_ms is None:
-            return 0
-        return max(0, self.now_ms - self.next_due_ms)
+ListState = Literal["due", "inflight", "dead"]
 
 
 def new_promoter_id() -> str:
@@ -150,14 +79,23 @@ def new_promoter_id() -> str:
 
 
 class DelayStore:
-    """Parked messages of one namespace in one Redis.
+    """Parked messages of one namespace in one Redis (a server, a Sentinel-managed master, or a Cluster).
 
     Parameters:
-      client: a redis-py client that returns bytes (``decode_responses=False``, the default).
-      namespace: separates independent stores in one Redis; every key carries it as a hash tag.
+      client: a redis-py client that returns bytes (``decode_responses=False``, the default): ``redis.Redis``
+        (also from ``Sentinel.master_for``) or ``redis.cluster.RedisCluster``.
+      namespace: separates independent stores in one Redis; every key carries it in its hash tag.
       max_payload_bytes: larger payloads are refused at park time.
       max_attempts: promotion attempts (failed deliveries or lost leases) before a message is dead-lettered.
       retry_backoff: first and largest wait, in seconds, before a failed delivery is tried again.
+      shards: how many shards (hash tags, so Redis Cluster slots) the namespace spreads over. ``None`` takes
+        what the namespace was created with (1 if never said). A number is recorded in the namespace the
+        first time and checked against it after: every process of an application sees the same shards.
+      replicas: durable writes. With N > 0, every write (park, reschedule, cancel, ack, nack, promotion)
+        waits until N replicas confirm it (Redis ``WAIT``) and raises :class:`~.errors.NotReplicated`
+        otherwise, so a write reported done survives a failover. Promotions also need N in-sync replicas
+        before they start.
+      replica_timeout: seconds to wait for that confirmation.
     """
 
     HISTOGRAM_EDGES = (60_000, 3_600_000, 86_400_000)
@@ -165,54 +103,184 @@ class DelayStore:
 
     def __init__(
         self,
-        client: redis.Redis,
+        client: AnyRedis,
         *,
         namespace: str = DEFAULT_NAMESPACE,
         prefix: str = DEFAULT_PREFIX,
         max_payload_bytes: int = DEFAULT_MAX_PAYLOAD,
         max_attempts: int = 5,
         retry_backoff: tuple[float, float] = (1.0, 300.0),
+        shards: int | None = None,
+        replicas: int = 0,
+        replica_timeout: float = 1.0,
     ) -> None:
         if client.get_connection_kwargs().get("decode_responses"):
             raise DelayBrokerError("the Redis client must return bytes: create it with decode_responses=False")
         if max_payload_bytes <= 0 or max_attempts < 1:
             raise ValueError("max_payload_bytes and max_attempts must be positive")
+        if shards is not None and (isinstance(shards, bool) or not isinstance(shards, int)):
+            raise ConfigurationError(f"shards must be a whole number, got {shards!r}")
+        if shards is not None and not 1 <= shards <= MAX_SHARDS:
+            raise ConfigurationError(f"shards must be 1..{MAX_SHARDS}, got {shards}")
+        if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 0:
+            raise ConfigurationError(f"replicas must be a whole number >= 0, got {replicas!r}")
+        if not replica_timeout > 0:
+            raise ConfigurationError(f"replica_timeout must be positive, got {replica_timeout!r}")
         self.client = client
+        self.cluster = is_cluster(client)
         self.keys = Keyspace(namespace, prefix)
+        """The keys of shard 0 (all of them when the namespace is not sharded)."""
         self.max_payload_bytes = max_payload_bytes
         self.max_attempts = max_attempts
         self.retry_backoff_ms = (delay_to_ms(retry_backoff[0]), delay_to_ms(retry_backoff[1]))
+        self.replicas = replicas
+        self.replica_timeout_ms = delay_to_ms(replica_timeout)
+        self._requested_shards = shards
+        self._shards: list[Keyspace] | None = None
+        self._layout_lock = threading.Lock()
+        self._master: tuple[str, int] | None = None
+        self._wake_tokens: dict[bytes, int] = {}
         self._scripts = {name: client.register_script(scripts.source(name)) for name in scripts.NAMES}
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> DelayStore:
-        """A store on a new client for ``url`` (``redis://``, ``rediss://`` or ``unix://``).
+        """A store on a new client for ``url``: ``redis://``, ``rediss://``, ``unix://``,
+        ``redis+sentinel://host:26379,.../mymaster/0`` or ``redis+cluster://host:port,...`` (see
+        :mod:`delay_broker.connect`).
 
-        Options this class takes (``namespace``, ``max_attempts``, ...) configure the store; every other one
-        goes to :meth:`redis.Redis.from_url` (``ssl_ca_certs``, ``username``, ``socket_timeout``, ...).
+        Options this class takes (``namespace``, ``shards``, ``replicas``, ...) configure the store; every
+        other one goes to the client (``ssl_ca_certs``, ``username``, ``socket_timeout``, ...).
         """
-        store_options = ("namespace", "prefix", "max_payload_bytes", "max_attempts", "retry_backoff")
-        client_options = {key: options.pop(key) for key in list(options) if key not in store_options}
-        client = redis.Redis.from_url(url, **{**CLIENT_DEFAULTS, **client_options})
-        return cls(client, **options)
+        client_options = {key: options.pop(key) for key in list(options) if key not in STORE_OPTIONS}
+        return cls(client_from_url(url, **client_options), **options)
+
+    def __repr__(self) -> str:
+        return f"<DelayStore {self.keys.namespace!r} on {describe(self.client)}>"
+
+    # -- plumbing ----------------------------------------------------------------------------------------
 
     @contextlib.contextmanager
     def _redis(self, doing: str) -> Iterator[None]:
-        """Redis errors as delay_broker's: unreachable -> StoreUnavailable, refused -> DelayBrokerError."""
+        """Redis errors as delay_broker's (see :mod:`delay_broker.redis_errors`)."""
         try:
             yield
-        except (redis.ConnectionError, redis.TimeoutError) as error:
-            raise StoreUnavailable(f"Redis unavailable during {doing}: {error}") from error
-        except redis.ResponseError as error:
-            # The scripts' own input errors start with "delay_broker:"; anything else (a key of the wrong type,
-            # a missing permission) is reported as Redis said it, with the key names it gave.
-            if str(error).startswith("delay_broker:"):
-                raise InvalidDelay(str(error).split("delay_broker:", 1)[1].strip()) from None
-            raise DelayBrokerError(f"Redis refused {doing}: {error}") from error
+        except (redis.RedisError, RedisClusterException) as error:
+            translated = translate(error, doing)
+            self._notice_failover()
+            raise translated from error
 
-    def _run(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
+    def _notice_failover(self) -> None:
+        """Log once when a Sentinel-managed master has moved (redis-py follows it by itself)."""
+        try:
+            address = master_address(self.client)
+        except (redis.RedisError, RedisClusterException):
+            return
+        if address is None or address == self._master:
+            return
+        if self._master is not None:
+            logger.warning(
+                "Store %r: the Redis master moved from %s:%s to %s:%s (Sentinel failover); following it.",
+                self.keys.namespace,
+                *self._master,
+                *address,
+            )
+        self._master = address
+
+    @property
+    def shards(self) -> list[Keyspace]:
+        """The key sets of every shard, shard 0 first (read from the namespace on first use)."""
+        if self._shards is None:
+            with self._layout_lock:
+                if self._shards is None:
+                    count = self._resolve_layout()
+                    self._shards = Keyspace.shards_of(self.keys.namespace, self.keys.prefix, count)
+                    self._wake_tokens = {space.wake.encode(): n for n, space in enumerate(self._shards)}
+                    with contextlib.suppress(redis.RedisError):
+                        self._master = master_address(self.client)
+        return self._shards
+
+    def _resolve_layout(self) -> int:
+        wanted = self._requested_shards
+        with self._redis("reading the shard layout"):
+            recorded = self.client.get(self.keys.layout)
+            if recorded is None and wanted is not None and wanted > 1:
+                self.client.set(self.keys.layout, wanted, nx=True)
+                recorded = self.client.get(self.keys.layout)
+        try:
+            have = 1 if recorded is None else int(recorded)
+        except ValueError:
+            raise ConfigurationError(
+                f"malformed shard count {recorded!r} in {self.keys.layout}: set it to the number of shards"
+            ) from None
+        if wanted is not None and wanted != have:
+            raise ConfigurationError(
+                f"namespace {self.keys.namespace!r} has {have} shard(s) ({self.keys.layout}), this store was "
+                f"given shards={wanted}: every process of an application must use the same number (changing it "
+                "needs a new namespace)"
+            )
+        return have
+
+    def shard_for(self, id: str) -> int:
+        """The shard holding message ``id`` (recurring schedules' occurrences live in shard 0)."""
+        return shard_of(id, len(self.shards))
+
+    def _run(self, name: str, shard: int, args: Sequence[Any], *, extra: Sequence[str] = (), write: bool = True) -> Any:
+        space = self.shards[shard]
+        keys = [*space.script_keys, *extra]
         with self._redis(name):
+            if write and self.replicas:
+                return self._run_replicated(name, space, keys, args)
             return self._scripts[name](keys=keys, args=args)
+
+    def _shard_client(self, space: Keyspace) -> redis.Redis:
+        """A client of the one server holding a shard: ``WAIT`` must follow the write on its connection."""
+        if not self.cluster:
+            return self.client  # type: ignore[return-value]
+        node = self.client.get_node_from_key(space.due)  # type: ignore[union-attr]
+        return self.client.get_redis_connection(node)  # type: ignore[union-attr]
+
+    def _run_replicated(self, name: str, space: Keyspace, keys: list[str], args: Sequence[Any]) -> Any:
+        pipe = self._shard_client(space).pipeline(transaction=False)
+        self._scripts[name](keys=keys, args=args, client=pipe)
+        pipe.wait(self.replicas, self.replica_timeout_ms)
+        reply, confirmed = pipe.execute()
+        if int(confirmed) < self.replicas:
+            raise NotReplicated(
+                f"{name} was written on the master but confirmed by {confirmed} of {self.replicas} replica(s) "
+                f"within {self.replica_timeout_ms} ms: not reported as done (a failover now could lose it); "
+                "doing it again is safe"
+            )
+        return reply
+
+    def _require_replicas(self, shard: int, doing: str) -> None:
+        """Refuse to start ``doing`` on a master that has fewer in-sync replicas than ``replicas``."""
+        if not self.replicas:
+            return
+        with self._redis(doing):
+            confirmed = int(self._shard_client(self.shards[shard]).wait(self.replicas, self.replica_timeout_ms))
+        if confirmed < self.replicas:
+            raise NotReplicated(
+                f"not {doing}: the master has {confirmed} of {self.replicas} in-sync replica(s) (a failover may be "
+                "under way); backing off"
+            )
+
+    def _relay_wake(self, shard: int, woke: Any) -> None:
+        """Wake a promoter for a shard other than 0: promoters block on shard 0's wake list only (one
+        blocking command cannot watch keys of several Cluster slots), so the shard's name is pushed there."""
+        if shard == 0 or not int(woke):
+            return
+        home, token = self.shards[0].wake, self.shards[shard].wake
+        with self._redis("waking a promoter"):
+            pipe = self.client.pipeline(transaction=False)
+            pipe.lrem(home, 0, token)
+            pipe.lpush(home, token)
+            pipe.execute()
+
+    def _by_shard(self, ids: Iterable[str]) -> dict[int, list[str]]:
+        groups: dict[int, list[str]] = {}
+        for id in ids:
+            groups.setdefault(self.shard_for(id), []).append(id)
+        return groups
 
     # -- producers -------------------------------------------------------------------------------------
 
@@ -233,43 +301,51 @@ class DelayStore:
         return self.park_many([ParkRequest(id, envelope, delay=delay, due=due)], on_conflict=on_conflict)[0]
 
     def park_many(self, requests: Iterable[ParkRequest], *, on_conflict: OnConflict = "replace") -> list[ParkResult]:
-        """Park many messages: one round trip per 1000, each chunk all or nothing.
+        """Park many messages: one round trip per 1000 (per shard), each chunk all or nothing.
 
         Every request is validated before anything is written.
         """
         if on_conflict not in ("replace", "keep"):
             raise ValueError(f"on_conflict must be 'replace' or 'keep', got {on_conflict!r}")
         encoded = [self._encode_request(request) for request in requests]
-        results: list[ParkResult] = []
-        for start in range(0, len(encoded), MAX_BATCH):
-            results.extend(self._park(encoded[start : start + MAX_BATCH], on_conflict))
-        return results
+        if len(self.shards) == 1:
+            results: list[ParkResult] = []
+            for start in range(0, len(encoded), MAX_BATCH):
+                results.extend(self._park(0, encoded[start : start + MAX_BATCH], on_conflict))
+            return results
+        by_position: dict[int, ParkResult] = {}
+        groups: dict[int, list[int]] = {}
+        for position, item in enumerate(encoded):
+            groups.setdefault(self.shard_for(item[0]), []).append(position)
+        for shard, positions in groups.items():
+            for start in range(0, len(positions), MAX_BATCH):
+                chunk = positions[start : start + MAX_BATCH]
+                parked = self._park(shard, [encoded[p] for p in chunk], on_conflict)
+                by_position.update(zip(chunk, parked, strict=True))
+        return [by_position[position] for position in range(len(encoded))]
 
     def park_occurrence(self, schedule: str, id: str, envelope: Envelope, due: datetime) -> ParkResult:
         """Park one occurrence of the recurring schedule ``schedule``, due at ``due``.
 
         It is parked only if it is due later than every occurrence ever parked for that schedule, so any
         number of schedulers may offer it, before or after it was promoted, and it runs once. Otherwise the
-        result is ``kept``, with the due time of the latest occurrence parked for the schedule.
+        result is ``kept``, with the due time of the latest occurrence parked for the schedule. Occurrences
+        live in shard 0, beside their schedule's record.
         """
         if not isinstance(schedule, str) or not schedule:
             raise ValueError(f"schedule must be a non-empty string, got {schedule!r}")
-        return self._park([self._encode_request(ParkRequest(id, envelope, due=due))], "keep", schedule)[0]
+        return self._park(0, [self._encode_request(ParkRequest(id, envelope, due=due))], "keep", schedule)[0]
 
     def _park(
-        self, chunk: list[tuple[str, str, int, bytes]], on_conflict: OnConflict, schedule: str = ""
+        self, shard: int, chunk: list[tuple[str, str, int, bytes]], on_conflict: OnConflict, schedule: str = ""
     ) -> list[ParkResult]:
         args: list[Any] = [on_conflict, MAX_DUE_MS, schedule]
         for item in chunk:
             args.extend(item)
-        reply = self._run("park", self._park_keys, args)
+        reply = self._run("park", shard, args)
+        self._relay_wake(shard, reply[-1])
         outcomes: tuple[Literal["kept", "new", "replaced"], ...] = ("kept", "new", "replaced")
         return [ParkResult(item[0], int(reply[2 * n]), outcomes[int(reply[2 * n + 1])]) for n, item in enumerate(chunk)]
-
-    @property
-    def _park_keys(self) -> list[str]:
-        k = self.keys
-        return [k.due, k.msg, k.inflight, k.leased, k.dead, k.attempts, k.errors, k.seq, k.wake, k.stats, k.cron]
 
     def _encode_request(self, request: ParkRequest) -> tuple[str, str, int, bytes]:
         check_id(request.id)
@@ -291,10 +367,14 @@ class DelayStore:
 
     def cancel_many(self, ids: Sequence[str]) -> int:
         total = 0
-        k = self.keys
-        for chunk in _chunks([check_id(id) for id in ids]):
-            reply = self._run("cancel", [k.due, k.msg, k.dead, k.attempts, k.errors, k.stats], chunk)
-            total += sum(int(flag) for flag in reply)
+        for shard, group in self._by_shard(check_id(id) for id in ids).items():
+            missed: list[str] = []
+            for chunk in _chunks(group):
+                reply = self._run("cancel", shard, chunk)
+                total += sum(int(flag) for flag in reply)
+                missed.extend(id for id, flag in zip(chunk, reply, strict=True) if not int(flag))
+            if shard != 0 and missed:  # a schedule's occurrence lives in shard 0
+                total += sum(sum(int(flag) for flag in self._run("cancel", 0, chunk)) for chunk in _chunks(missed))
         return total
 
     def reschedule(
@@ -314,9 +394,16 @@ class DelayStore:
         check_id(id)
         kind, value = _due_argument(delay, due, id)
         encoded = b"" if envelope is None else self._encode_envelope(id, envelope)
-        k = self.keys
-        reply = int(self._run("reschedule", [k.due, k.seq, k.wake, k.msg], [id, kind, value, MAX_DUE_MS, encoded]))
-        return None if reply < 0 else reply
+        for shard in self._shards_to_search(id):
+            moved, woke = self._run("reschedule", shard, [id, kind, value, MAX_DUE_MS, encoded])
+            if int(moved) >= 0:
+                self._relay_wake(shard, woke)
+                return int(moved)
+        return None
+
+    def _shards_to_search(self, id: str) -> list[int]:
+        home = self.shard_for(id)
+        return [home] if home == 0 else [home, 0]
 
     def now_ms(self) -> int:
         """The Redis server's clock, by which every due time is kept."""
@@ -356,26 +443,25 @@ class DelayStore:
 
     def get(self, id: str) -> MessageInfo | None:
         check_id(id)
-        k = self.keys
-        state, due, at, raw, attempts, error = self._run(
-            "get", [k.due, k.inflight, k.dead, k.msg, k.attempts, k.errors, k.leased], [id]
-        )
-        state = state.decode()
-        if state == "gone" and not raw:
-            return None
-        return MessageInfo(
-            id=id,
-            state=state,
-            due_ms=None if int(due) < 0 else int(due),
-            at_ms=None if int(at) < 0 else int(at),
-            raw=raw or None,
-            attempts=int(attempts),
-            error=_text(error) if error else None,
-        )
+        for shard in self._shards_to_search(id):
+            state, due, at, raw, attempts, error = self._run("get", shard, [id], write=False)
+            state = state.decode()
+            if state == "gone" and not raw:
+                continue
+            return MessageInfo(
+                id=id,
+                state=state,
+                due_ms=None if int(due) < 0 else int(due),
+                at_ms=None if int(at) < 0 else int(at),
+                raw=raw or None,
+                attempts=int(attempts),
+                error=_text(error) if error else None,
+            )
+        return None
 
     def list_messages(
         self,
-        state: Literal["due", "inflight", "dead"] = "due",
+        state: ListState = "due",
         *,
         start_ms: int | None = None,
         end_ms: int | None = None,
@@ -383,80 +469,110 @@ class DelayStore:
         count: int = 100,
     ) -> list[MessageInfo]:
         """A page of messages in one state, oldest first: parked by due time, in flight by lease deadline,
-        dead by when they were dead-lettered. ``start_ms``/``end_ms`` bound that time (inclusive)."""
+        dead by when they were dead-lettered. ``start_ms``/``end_ms`` bound that time (inclusive).
+
+        On a sharded namespace the page is merged from every shard (each read up to ``offset + count``).
+        """
         if not 0 < count <= MAX_BATCH or offset < 0:
             raise ValueError(f"count must be 1..{MAX_BATCH} and offset >= 0")
-        k = self.keys
-        index = {"due": k.due, "inflight": k.inflight, "dead": k.dead}[state]
+        if state not in ("due", "inflight", "dead"):
+            raise ValueError(f"state must be 'due', 'inflight' or 'dead', got {state!r}")
         if state == "due":
             low = "-inf" if start_ms is None else score_floor(start_ms)
             high = "+inf" if end_ms is None else score_ceiling(end_ms)
         else:
             low = "-inf" if start_ms is None else start_ms
             high = "+inf" if end_ms is None else end_ms
-        reply = self._run("list", [index, k.msg, k.attempts, k.errors], [low, high, offset, count])
+        if len(self.shards) == 1:
+            return [info for _, info in self._list_page(0, state, low, high, offset, count)]
+        wanted = offset + count
+        pages = [self._list_shard(shard, state, low, high, wanted) for shard in range(len(self.shards))]
+        merged = heapq.merge(*pages, key=lambda pair: pair[0])
+        return [info for _, info in list(merged)[offset:wanted]]
+
+    def _list_shard(
+        self, shard: int, state: ListState, low: Any, high: Any, wanted: int
+    ) -> list[tuple[float, MessageInfo]]:
+        found: list[tuple[float, MessageInfo]] = []
+        while len(found) < wanted:
+            size = min(MAX_BATCH, wanted - len(found))
+            page = self._list_page(shard, state, low, high, len(found), size)
+            found.extend(page)
+            if len(page) < size:
+                break
+        return found
+
+    def _list_page(
+        self, shard: int, state: ListState, low: Any, high: Any, offset: int, count: int
+    ) -> list[tuple[float, MessageInfo]]:
+        reply = self._run("list", shard, [low, high, offset, count, state], write=False)
         infos = []
         for n in range(0, len(reply), 5):
             id, score, raw, attempts, error = reply[n : n + 5]
             score = float(score)
-            infos.append(
-                MessageInfo(
-                    id=id.decode(),
-                    state=state,
-                    due_ms=due_of_score(score) if state == "due" else None,
-                    at_ms=None if state == "due" else int(score),
-                    raw=raw or None,
-                    attempts=int(attempts),
-                    error=_text(error) if error else None,
-                )
+            info = MessageInfo(
+                id=id.decode(),
+                state=state,
+                due_ms=due_of_score(score) if state == "due" else None,
+                at_ms=None if state == "due" else int(score),
+                raw=raw or None,
+                attempts=int(attempts),
+                error=_text(error) if error else None,
             )
+            infos.append((score, info))
         return infos
 
-    def iter_all(self, state: Literal["due", "inflight", "dead"] = "due", page: int = 500) -> Iterator[MessageInfo]:
-        """Every message of a state, page by page (not a snapshot: changes meanwhile may be missed)."""
-        offset = 0
-        while True:
-            infos = self.list_messages(state, offset=offset, count=page)
-            yield from infos
-            if len(infos) < page:
-                return
-            offset += page
+    def iter_all(self, state: ListState = "due", page: int = 500) -> Iterator[MessageInfo]:
+        """Every message of a state, page by page, shard after shard (not a snapshot: changes meanwhile may be
+        missed; across shards not in time order)."""
+        for shard in range(len(self.shards)):
+            offset = 0
+            while True:
+                infos = self._list_page(shard, state, "-inf", "+inf", offset, page)
+                yield from (info for _, info in infos)
+                if len(infos) < page:
+                    break
+                offset += page
 
     def stats(self, heartbeat_window: float = 30.0) -> StoreStats:
-        k = self.keys
-        reply = self._run(
-            "stats",
-            [k.due, k.inflight, k.dead, k.stats, k.promoters],
-            [delay_to_ms(heartbeat_window), *self.HISTOGRAM_EDGES],
-        )
-        now, parked, inflight, dead, overdue, head, live, counters, histogram = reply
-        pairs = iter(counters)
+        """Counts over every shard: one script per shard, each a consistent snapshot of its shard."""
+        window = delay_to_ms(heartbeat_window)
+        snapshots = [
+            self._run("stats", shard, [window, *self.HISTOGRAM_EDGES], write=False) for shard in range(len(self.shards))
+        ]
+        counters: dict[str, int] = {}
+        heads = []
+        for reply in snapshots:
+            pairs = iter(reply[7])
+            for name, value in zip(pairs, pairs, strict=True):
+                counters[name.decode()] = counters.get(name.decode(), 0) + int(value)
+            if int(reply[5]) >= 0:
+                heads.append(int(reply[5]))
+
+        def total(index: int) -> int:
+            return sum(int(reply[index]) for reply in snapshots)
+
         return StoreStats(
-            now_ms=int(now),
-            parked=int(parked),
-            inflight=int(inflight),
-            dead=int(dead),
-            overdue=int(overdue),
-            next_due_ms=None if int(head) < 0 else int(head),
-            live_promoters=int(live),
-            counters={name.decode(): int(value) for name, value in zip(pairs, pairs, strict=True)},
-            histogram=[int(count) for count in histogram],
+            now_ms=int(snapshots[0][0]),
+            parked=total(1),
+            inflight=total(2),
+            dead=total(3),
+            overdue=total(4),
+            next_due_ms=min(heads) if heads else None,
+            live_promoters=max(int(reply[6]) for reply in snapshots),
+            counters=counters,
+            histogram=[sum(int(reply[8][n]) for reply in snapshots) for n in range(len(snapshots[0][8]))],
         )
 
     # -- promoters -------------------------------------------------------------------------------------
 
-    def claim(self, batch: int, lease: float, promoter_id: str) -> Claim:
-        """Lease up to ``batch`` due messages for ``lease`` seconds (at-least-once promotion).
+    def claim(self, batch: int, lease: float, promoter_id: str, *, shard: int = 0) -> Claim:
+        """Lease up to ``batch`` due messages of one shard for ``lease`` seconds (at-least-once promotion).
 
         Expired leases of other promoters are given back first. Deliver each message, then :meth:`ack` it
-        (or :meth:`nack` it) with the claim's ``lease_deadline_ms`` before the lease runs out.
+        (or :meth:`nack` it) with the claim's ``lease_deadline_ms`` and ``shard`` before the lease runs out.
         """
-        k = self.keys
-        reply = self._run(
-            "claim",
-            [k.due, k.msg, k.inflight, k.leased, k.dead, k.attempts, k.errors, k.stats, k.promoters],
-            [_batch(batch), delay_to_ms(lease), self.max_attempts, promoter_id],
-        )
+        reply = self._run("claim", shard, [_batch(batch), delay_to_ms(lease), self.max_attempts, promoter_id])
         messages = []
         for n in range(3, len(reply), 3):
             id, score, raw = reply[n].decode(), float(reply[n + 1]), reply[n + 2]
@@ -467,23 +583,15 @@ class DelayStore:
                 envelope, problem = None, str(error)
             messages.append(ClaimedMessage(id, due_of_score(score), raw, envelope, problem))
         next_wake = int(reply[2])
-        return Claim(int(reply[0]), int(reply[1]), None if next_wake < 0 else next_wake, messages)
+        return Claim(int(reply[0]), int(reply[1]), None if next_wake < 0 else next_wake, messages, shard)
 
-    def ack(self, lease_deadline_ms: int, ids: Sequence[str]) -> int:
+    def ack(self, lease_deadline_ms: int, ids: Sequence[str], *, shard: int = 0) -> int:
         """Forget delivered messages whose lease (identified by its deadline) this promoter still holds."""
-        k = self.keys
-        total = 0
-        for chunk in _chunks(list(ids)):
-            total += int(
-                self._run(
-                    "ack",
-                    [k.inflight, k.msg, k.leased, k.attempts, k.errors, k.stats],
-                    [lease_deadline_ms, *chunk],
-                )
-            )
-        return total
+        return sum(int(self._run("ack", shard, [lease_deadline_ms, *chunk])) for chunk in _chunks(list(ids)))
 
-    def nack(self, lease_deadline_ms: int, failures: Sequence[tuple[str, str, NackAction]]) -> list[str]:
+    def nack(
+        self, lease_deadline_ms: int, failures: Sequence[tuple[str, str, NackAction]], *, shard: int = 0
+    ) -> list[str]:
         """Give back claimed messages that were not delivered: ``(id, reason, action)`` each.
 
         ``"retry"`` tries again after an exponential backoff until ``max_attempts``, then dead-letters;
@@ -491,7 +599,6 @@ class DelayStore:
         without counting an attempt (the promoter is stopping, or the target broker is down). Returns
         ``"retried"``, ``"dead"``, ``"released"`` or ``"not held"`` per message.
         """
-        k = self.keys
         outcomes: list[str] = []
         for chunk in _chunks(list(failures)):
             args: list[Any] = [lease_deadline_ms, self.max_attempts, *self.retry_backoff_ms]
@@ -499,29 +606,50 @@ class DelayStore:
                 if action not in ("retry", "dead", "release"):
                     raise ValueError(f"unknown nack action {action!r}")
                 args.extend((id, reason, action))
-            reply = self._run(
-                "nack",
-                [k.inflight, k.due, k.leased, k.dead, k.attempts, k.errors, k.seq, k.stats, k.wake],
-                args,
-            )
-            outcomes.extend(("not held", "retried", "dead", "released")[int(code)] for code in reply)
+            reply = self._run("nack", shard, args)
+            self._relay_wake(shard, reply[-1])
+            outcomes.extend(("not held", "retried", "dead", "released")[int(code)] for code in reply[:-1])
         return outcomes
 
-    def promote_direct(self, routes: Mapping[str, ListTarget], batch: int, promoter_id: str) -> DirectPromotion:
-        """Move due messages straight into Redis lists of this server, exactly once (``promote_list.lua``).
+    def check_direct(self, routes: Mapping[str, ListTarget]) -> None:
+        """Refuse exactly-once promotion into ``routes`` when it cannot be one atomic script.
+
+        On a Redis Cluster every target key must sit in the slot of every shard of the namespace (so: one
+        shard, and targets whose hash tag is the namespace's). Raises :class:`ConfigurationError` saying so.
+        """
+        if not self.cluster:
+            return
+        targets = sorted({key for target in routes.values() for key in (target.list_key, target.hash_key) if key})
+        for space in self.shards:
+            slot = key_slot(space.due.encode())
+            elsewhere = [key for key in targets if key_slot(key.encode()) != slot]
+            if elsewhere:
+                raise ConfigurationError(
+                    f"exactly-once promotion cannot work on this Redis Cluster: target key(s) {elsewhere} are not in "
+                    f"slot {slot} of {space.pattern}, and one script can only touch one slot. Use at-least-once "
+                    "promotion (a broker outside the cluster, or a deliverer of the framework) or give the targets "
+                    f"the hash tag {{{space.tag}}} with shards=1"
+                )
+
+    def promote_direct(
+        self, routes: Mapping[str, ListTarget], batch: int, promoter_id: str, *, shard: int = 0
+    ) -> DirectPromotion:
+        """Move due messages of one shard straight into Redis lists of its server, exactly once
+        (``promote_list.lua``).
 
         Messages whose route is not in ``routes`` are dead-lettered: a stored message can only reach the
-        queues the application declared.
+        queues the application declared. With no route declared yet, nothing is promoted.
         """
+        self.check_direct(routes)
         if not routes:
-            raise ValueError("promote_direct needs at least one route")
-        k = self.keys
-        keys = [k.due, k.msg, k.dead, k.attempts, k.errors, k.stats, k.promoters]
+            return self._idle_look(shard, promoter_id)
+        self._require_replicas(shard, "promoting")
+        extra: list[str] = []
         args: list[Any] = [_batch(batch), promoter_id]
         for name, target in routes.items():
-            keys.extend((target.list_key, target.hash_key or target.list_key))
+            extra.extend((target.list_key, target.hash_key or target.list_key))
             args.extend((name, target.mode))
-        reply = self._run("promote_list", keys, args)
+        reply = self._run("promote_list", shard, args, extra=extra)
         next_due = int(reply[1])
         return DirectPromotion(
             now_ms=int(reply[0]),
@@ -529,13 +657,22 @@ class DelayStore:
             promoted=int(reply[2]),
             dead_lettered=int(reply[3]),
             lateness_ms=[int(value) for value in reply[4:]],
+            shard=shard,
         )
 
-    def wait_for_wake(self, timeout: float, promoter_id: str) -> bool:
-        """Block until a park moves the head earlier, :meth:`wake` is called for this promoter, or timeout.
+    def _idle_look(self, shard: int, promoter_id: str) -> DirectPromotion:
+        """What a promotion with no route would see: nothing moved, the shard's head and the clock."""
+        snapshot = self._run("stats", shard, [30_000], write=False)
+        head = int(snapshot[5])
+        return DirectPromotion(int(snapshot[0]), None if head < 0 else head, 0, 0, [], shard)
 
-        Returns True when woken. Uses BLPOP, so a sleeping promoter costs Redis nothing.
+    def wait_for_wake(self, timeout: float, promoter_id: str) -> frozenset[int] | None:
+        """Block until a park moves a shard's head earlier, :meth:`wake` is called for this promoter, or timeout.
+
+        Returns the shards to look at again (every shard after :meth:`wake`), or None on timeout. Uses BLPOP
+        on shard 0's wake lists, so a sleeping promoter costs Redis nothing.
         """
+        shards = self.shards
         timeout = max(timeout, 0.001)
         kwargs = self.client.get_connection_kwargs()
         # redis-py 8 leaves its default socket timeout (5 s) out of the kwargs of a pool made from a URL (such as
@@ -543,26 +680,31 @@ class DelayStore:
         socket_timeout = kwargs["socket_timeout"] if "socket_timeout" in kwargs else kwargs.get("orig_socket_timeout")
         if socket_timeout:
             timeout = min(timeout, max(float(socket_timeout) - 1.0, 0.001))
-        keys = [self.keys.wake_one(promoter_id), self.keys.wake]
+        keys = [shards[0].wake_one(promoter_id), shards[0].wake]
         with self._redis(f"BLPOP on the wake lists {keys}"):
             popped = self.client.blpop(keys, timeout=timeout)
-        return popped is not None
+        if popped is None:
+            return None
+        token = popped[1]
+        shard = self._wake_tokens.get(token if isinstance(token, bytes) else token.encode())
+        return frozenset(range(len(shards))) if shard is None else frozenset((shard,))
 
     def wake(self, promoter_id: str) -> None:
         """Wake one particular sleeping promoter (used to stop it without waiting out its sleep)."""
         key = self.keys.wake_one(promoter_id)
         with self._redis("waking a promoter"):
-            pipe = self.client.pipeline(transaction=True)
+            pipe = self.client.pipeline(transaction=False)
             pipe.lpush(key, b"stop")
             pipe.expire(key, 60)
             pipe.execute()
 
     def forget_promoter(self, promoter_id: str) -> None:
-        """Remove a stopped promoter's heartbeat and stop marker."""
+        """Remove a stopped promoter's heartbeats and stop marker."""
         try:
-            self.client.zrem(self.keys.promoters, promoter_id)
+            for space in self.shards:
+                self.client.zrem(space.promoters, promoter_id)
             self.client.delete(self.keys.wake_one(promoter_id))
-        except redis.RedisError:
+        except (redis.RedisError, RedisClusterException, DelayBrokerError):
             pass  # it ages out of the heartbeat window anyway (and a stopping promoter must not raise)
 
     # -- dead letters ----------------------------------------------------------------------------------
@@ -572,33 +714,49 @@ class DelayStore:
 
         Dead letters with no payload (nothing to requeue) stay; purge them with :meth:`purge_dead`.
         """
-        k = self.keys
-        keys = [k.dead, k.due, k.msg, k.attempts, k.errors, k.seq, k.wake, k.stats]
         count, left = 0, list[str]()
         if ids is not None:
-            for chunk in _chunks([check_id(id) for id in ids]):
-                reply = self._run("requeue", keys, [MAX_BATCH, 0, *chunk])
-                count += int(reply[0])
-                left.extend(id.decode() for id in reply[1:])
+            for shard, group in self._by_shard(check_id(id) for id in ids).items():
+                for chunk in _chunks(group):
+                    done, missed = self._requeue(shard, [MAX_BATCH, 0, *chunk])
+                    if shard != 0 and missed:
+                        again, missed = self._requeue(0, [MAX_BATCH, 0, *missed])
+                        done += again
+                    count += done
+                    left.extend(missed)
             return Requeued(count, left)
-        while True:
-            # Requeued ids leave the dead set; those it cannot requeue stay at its head: page past them.
-            reply = self._run("requeue", keys, [MAX_BATCH, len(left)])
-            if reply == [0]:  # an empty page: nothing dead past the ones left
-                return Requeued(count, left)
-            count += int(reply[0])
-            left.extend(id.decode() for id in reply[1:])
+        for shard in range(len(self.shards)):
+            skipped = 0
+            while True:
+                # Requeued ids leave the dead set; those it cannot requeue stay at its head: page past them.
+                reply = self._run("requeue", shard, [MAX_BATCH, skipped])
+                self._relay_wake(shard, int(reply[0]) > 0)
+                if reply == [0]:  # an empty page: nothing dead past the ones left
+                    break
+                count += int(reply[0])
+                skipped += len(reply) - 1
+                left.extend(id.decode() for id in reply[1:])
+        return Requeued(count, left)
+
+    def _requeue(self, shard: int, args: list[Any]) -> tuple[int, list[str]]:
+        reply = self._run("requeue", shard, args)
+        self._relay_wake(shard, int(reply[0]) > 0)
+        return int(reply[0]), [id.decode() for id in reply[1:]]
 
     def purge_dead(self, ids: Sequence[str] | None = None) -> int:
         """Delete dead-lettered messages for good. ``ids=None`` purges all."""
-        k = self.keys
-        keys = [k.dead, k.msg, k.attempts, k.errors]
+        total = 0
         if ids is None:
-            total = 0
-            while deleted := int(self._run("purge", keys, [MAX_BATCH])):
-                total += deleted
+            for shard in range(len(self.shards)):
+                while deleted := int(self._run("purge", shard, [MAX_BATCH])):
+                    total += deleted
             return total
-        return sum(int(self._run("purge", keys, [MAX_BATCH, *chunk])) for chunk in _chunks(list(ids)))
+        for shard, group in self._by_shard(ids).items():
+            for chunk in _chunks(group):
+                total += int(self._run("purge", shard, [MAX_BATCH, *chunk]))
+            if shard != 0:
+                total += sum(int(self._run("purge", 0, [MAX_BATCH, *chunk])) for chunk in _chunks(group))
+        return total
 
 
 def _due_argument(delay: Delay | None, due: datetime | None, id: str) -> tuple[str, int]:
@@ -641,12 +799,17 @@ def _chunks(items: list[Any]) -> Iterator[list[Any]]:
 
 
 __all__ = [
+    "CLIENT_DEFAULTS",
+    "MAX_BATCH",
     "Claim",
     "ClaimedMessage",
     "DelayStore",
     "DirectPromotion",
     "MessageInfo",
+    "NackAction",
+    "OnConflict",
     "ParkRequest",
     "ParkResult",
+    "State",
     "StoreStats",
 ]

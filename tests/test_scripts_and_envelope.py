@@ -10,6 +10,7 @@ import pytest
 from delay_broker import CorruptEnvelope, Envelope
 from delay_broker import scripts as script_package
 from delay_broker.clock import FIFO_SLOTS, MAX_DUE_MS
+from delay_broker.keys import SCRIPT_KEYS, lua_key_names
 
 
 def lua_files() -> list[str]:
@@ -21,8 +22,24 @@ def test_every_script_documents_keys_and_argv_in_its_header(name):
     text = resources.files(script_package).joinpath(name).read_text()
     header = "\n".join(line for line in text.splitlines()[:40] if line.startswith("--"))
     assert header.startswith(f"-- {name}:"), "the header names the script and what it does"
-    assert "KEYS[1]" in header and "ARGV[1" in header
+    assert "-- KEYS:" in header and "ARGV[1" in header
     assert name.removesuffix(".lua") in script_package.NAMES
+    used = set(re.findall(r"\b([A-Z]+)\b", "\n".join(line for line in text.splitlines() if not line.startswith("--"))))
+    documented = set(re.findall(r"^--\s+([A-Z]+)\s", header, flags=re.MULTILINE))
+    keys = {key.upper() for key in SCRIPT_KEYS}
+    assert used & keys <= documented, "the header documents every key the script uses"
+
+
+def test_scripts_name_their_keys_instead_of_counting_them():
+    # One key order, defined once in keys.SCRIPT_KEYS: scripts say DUE, not KEYS[1] (extra keys excepted).
+    for name in lua_files():
+        text = resources.files(script_package).joinpath(name).read_text()
+        code = "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("--"))
+        assert not re.search(r"KEYS\[\d", code), name
+    prelude = lua_key_names()
+    for n, key in enumerate(SCRIPT_KEYS, start=1):
+        assert f"local {key.upper()} = KEYS[{n}]" in prelude
+    assert script_package.source("park").startswith(prelude)
 
 
 def test_no_script_builds_key_names_itself():

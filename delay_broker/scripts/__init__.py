@@ -1,9 +1,15 @@
-"""The store's Lua scripts, one ``.lua`` file each, loaded with the shared helpers of ``_lib.lua``."""
+"""The store's Lua scripts, one ``.lua`` file each, loaded with the key names and shared helpers they use.
+
+Each script is sent as: the prelude naming a shard's keys (generated from :data:`delay_broker.keys.SCRIPT_KEYS`,
+so the key order is written down once), the helpers of ``_lib.lua``, then the script itself.
+"""
 
 from __future__ import annotations
 
 from functools import cache
 from importlib import resources
+
+from ..keys import lua_key_names
 
 NAMES = (
     "park",
@@ -27,7 +33,7 @@ def _read(filename: str) -> str:
 
 @cache
 def source(name: str) -> str:
-    """The text sent to Redis for script ``name``: the shared helpers, then the script itself."""
+    """The text sent to Redis for script ``name``: key names, shared helpers, then the script itself."""
     if name not in NAMES:
         raise KeyError(f"no script named {name!r}")
-    return _read("_lib.lua") + "\n" + _read(f"{name}.lua")
+    return lua_key_names() + _read("_lib.lua") + "\n" + _read(f"{name}.lua")

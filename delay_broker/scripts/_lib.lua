@@ -23,13 +23,15 @@ end
 
 -- `count` consecutive scores for messages due at the given times, in park order.
 -- Every script takes its numbers before its first write, so a corrupt counter stops it with nothing changed.
+-- A refusal of the server's own (OOM, NOREPLICAS, READONLY) is raised by INCRBY as Redis said it, untouched:
+-- no pcall, whose error table Redis 6.2 and 7 shape differently.
 local function next_seq(seq_key, count)
-    local value = redis.pcall('INCRBY', seq_key, count)
-    if type(value) == 'table' and value.err then
-        error({err = 'ERR key ' .. seq_key .. ' is not an integer counter (' .. value.err .. '): nothing was '
-            .. 'changed; delete it to let delay_broker go on'})
+    local current = redis.call('GET', seq_key)
+    if current and not string.match(current, '^%-?%d+$') then
+        error({err = 'ERR key ' .. seq_key .. ' is not an integer counter: nothing was changed; delete it to let '
+            .. 'delay_broker go on'})
     end
-    return value - count
+    return redis.call('INCRBY', seq_key, count) - count
 end
 
 local function score_for(due_ms, seq)
@@ -67,10 +69,12 @@ local function pop_due(due_key, count)
     return ids, popped
 end
 
--- Wake one sleeping promoter. One token is enough: whoever takes it re-reads the head for everyone.
+-- Wake one sleeping promoter. The token is the wake list's own name, which tells a promoter of a sharded
+-- namespace which shard to look at (tokens of other shards are relayed to shard 0's list by the store); one
+-- token per shard is enough: whoever takes it re-reads that shard's head for everyone.
 local function wake_one(wake_key)
-    redis.call('LPUSH', wake_key, '1')
-    redis.call('LTRIM', wake_key, 0, 0)
+    redis.call('LREM', wake_key, 0, wake_key)
+    redis.call('LPUSH', wake_key, wake_key)
 end
 
 local find, sub, decode = string.find, string.sub, cjson.decode

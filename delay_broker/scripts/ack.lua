@@ -1,16 +1,17 @@
 -- ack.lua: forget messages a promoter delivered, but only those whose lease it still holds.
--- KEYS[1] inflight  ZSET id -> lease deadline
--- KEYS[2] msg       HASH id -> envelope
--- KEYS[3] leased    HASH id -> due score while in flight
--- KEYS[4] attempts  HASH id -> failed attempts
--- KEYS[5] errors    HASH id -> last error
--- KEYS[6] stats     HASH counters
+-- KEYS: one shard's keys in delay_broker.keys.SCRIPT_KEYS order, named by the prelude. Uses:
+--   INFLIGHT  ZSET id -> lease deadline
+--   MSG       HASH id -> envelope
+--   LEASED    HASH id -> due score while in flight
+--   ATTEMPTS  HASH id -> failed attempts
+--   ERRORS    HASH id -> last error
+--   STATS     HASH counters
 -- ARGV[1] lease deadline the claim returned; ARGV[2..] ids
 -- Returns the number of messages acknowledged. A message whose lease expired and was claimed again is left
 -- to its new holder (the lease deadline is the holder's token).
 
-local problem = wrong_type(KEYS[1], 'zset', KEYS[2], 'hash', KEYS[3], 'hash', KEYS[4], 'hash', KEYS[5], 'hash',
-    KEYS[6], 'hash')
+local problem = wrong_type(INFLIGHT, 'zset', MSG, 'hash', LEASED, 'hash', ATTEMPTS, 'hash', ERRORS, 'hash',
+    STATS, 'hash')
 if problem then
     return problem
 end
@@ -19,7 +20,7 @@ local deadline = tonumber(ARGV[1])
 local acked, seen = {}, {}
 for i = 2, #ARGV do
     local id = ARGV[i]
-    local score = redis.call('ZSCORE', KEYS[1], id)
+    local score = redis.call('ZSCORE', INFLIGHT, id)
     -- An id given twice is acknowledged (and counted) once.
     if score and tonumber(score) == deadline and not seen[id] then
         seen[id] = true
@@ -27,11 +28,11 @@ for i = 2, #ARGV do
     end
 end
 if #acked > 0 then
-    redis.call('ZREM', KEYS[1], unpack(acked))
-    redis.call('HDEL', KEYS[2], unpack(acked))
-    redis.call('HDEL', KEYS[3], unpack(acked))
-    redis.call('HDEL', KEYS[4], unpack(acked))
-    redis.call('HDEL', KEYS[5], unpack(acked))
-    redis.call('HINCRBY', KEYS[6], 'promoted', #acked)
+    redis.call('ZREM', INFLIGHT, unpack(acked))
+    redis.call('HDEL', MSG, unpack(acked))
+    redis.call('HDEL', LEASED, unpack(acked))
+    redis.call('HDEL', ATTEMPTS, unpack(acked))
+    redis.call('HDEL', ERRORS, unpack(acked))
+    redis.call('HINCRBY', STATS, 'promoted', #acked)
 end
 return #acked

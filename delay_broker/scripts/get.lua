@@ -1,43 +1,44 @@
 -- get.lua: everything known about one id.
--- KEYS[1] due       ZSET id -> score
--- KEYS[2] inflight  ZSET id -> lease deadline
--- KEYS[3] dead      ZSET id -> dead-lettered at
--- KEYS[4] msg       HASH id -> envelope
--- KEYS[5] attempts  HASH id -> failed attempts
--- KEYS[6] errors    HASH id -> last error
--- KEYS[7] leased    HASH id -> due score while in flight
+-- KEYS: one shard's keys in delay_broker.keys.SCRIPT_KEYS order, named by the prelude. Uses:
+--   DUE       ZSET id -> score
+--   INFLIGHT  ZSET id -> lease deadline
+--   DEAD      ZSET id -> dead-lettered at
+--   MSG       HASH id -> envelope
+--   ATTEMPTS  HASH id -> failed attempts
+--   ERRORS    HASH id -> last error
+--   LEASED    HASH id -> due score while in flight
 -- ARGV[1] id
 -- Returns {state ('due' | 'inflight' | 'dead' | 'gone'), due_ms or -1, state time ms (lease deadline or
 -- dead-lettered at) or -1, envelope or false, attempts, last error or false}.
 
-local problem = wrong_type(KEYS[1], 'zset', KEYS[2], 'zset', KEYS[3], 'zset', KEYS[4], 'hash', KEYS[5], 'hash',
-    KEYS[6], 'hash', KEYS[7], 'hash')
+local problem = wrong_type(DUE, 'zset', INFLIGHT, 'zset', DEAD, 'zset', MSG, 'hash', ATTEMPTS, 'hash',
+    ERRORS, 'hash', LEASED, 'hash')
 if problem then
     return problem
 end
 
 local id = ARGV[1]
 local state, due, at = 'gone', -1, -1
-local score = redis.call('ZSCORE', KEYS[1], id)
+local score = redis.call('ZSCORE', DUE, id)
 if score then
     state, due = 'due', due_of(score)
 else
-    score = redis.call('ZSCORE', KEYS[2], id)
+    score = redis.call('ZSCORE', INFLIGHT, id)
     if score then
         state, at = 'inflight', tonumber(score)
-        local leased = redis.call('HGET', KEYS[7], id)
+        local leased = redis.call('HGET', LEASED, id)
         if leased then
             due = due_of(leased)
         end
     else
-        score = redis.call('ZSCORE', KEYS[3], id)
+        score = redis.call('ZSCORE', DEAD, id)
         if score then
             state, at = 'dead', tonumber(score)
         end
     end
 end
-local envelope = redis.call('HGET', KEYS[4], id)
+local envelope = redis.call('HGET', MSG, id)
 if state == 'gone' and not envelope then
     return {state, -1, -1, false, 0, false}
 end
-return {state, due, at, envelope, tonumber(redis.call('HGET', KEYS[5], id) or 0), redis.call('HGET', KEYS[6], id)}
+return {state, due, at, envelope, tonumber(redis.call('HGET', ATTEMPTS, id) or 0), redis.call('HGET', ERRORS, id)}

@@ -1,17 +1,24 @@
 -- list.lua: a page of messages of one state, ordered by their score.
--- KEYS[1] index     ZSET to list: due (by due time), inflight (by lease deadline) or dead (by time)
--- KEYS[2] msg       HASH id -> envelope
--- KEYS[3] attempts  HASH id -> failed attempts
--- KEYS[4] errors    HASH id -> last error
--- ARGV[1] min score  ARGV[2] max score  ARGV[3] offset  ARGV[4] count (<= 1000)
+-- KEYS: one shard's keys in delay_broker.keys.SCRIPT_KEYS order, named by the prelude. Uses:
+--   DUE       ZSET id -> score (listed when ARGV[5] is 'due')
+--   INFLIGHT  ZSET id -> lease deadline (listed when ARGV[5] is 'inflight')
+--   DEAD      ZSET id -> dead-lettered at (listed when ARGV[5] is 'dead')
+--   MSG       HASH id -> envelope
+--   ATTEMPTS  HASH id -> failed attempts
+--   ERRORS    HASH id -> last error
+-- ARGV[1] min score  ARGV[2] max score  ARGV[3] offset  ARGV[4] count (<= 1000)  ARGV[5] 'due', 'inflight' or 'dead'
 -- Returns a flat list, five entries per message: id, score, envelope or false, attempts, last error or false.
 
-local problem = wrong_type(KEYS[1], 'zset', KEYS[2], 'hash', KEYS[3], 'hash', KEYS[4], 'hash')
+local INDEX = ({due = DUE, inflight = INFLIGHT, dead = DEAD})[ARGV[5]]
+if not INDEX then
+    return redis.error_reply('ERR unknown state ' .. tostring(ARGV[5]))
+end
+local problem = wrong_type(INDEX, 'zset', MSG, 'hash', ATTEMPTS, 'hash', ERRORS, 'hash')
 if problem then
     return problem
 end
 
-local page = redis.call('ZRANGEBYSCORE', KEYS[1], ARGV[1], ARGV[2], 'WITHSCORES', 'LIMIT', ARGV[3], ARGV[4])
+local page = redis.call('ZRANGEBYSCORE', INDEX, ARGV[1], ARGV[2], 'WITHSCORES', 'LIMIT', ARGV[3], ARGV[4])
 local result = {}
 if #page == 0 then
     return result
@@ -20,9 +27,9 @@ local ids = {}
 for i = 1, #page, 2 do
     ids[#ids + 1] = page[i]
 end
-local envelopes = redis.call('HMGET', KEYS[2], unpack(ids))
-local attempts = redis.call('HMGET', KEYS[3], unpack(ids))
-local errors = redis.call('HMGET', KEYS[4], unpack(ids))
+local envelopes = redis.call('HMGET', MSG, unpack(ids))
+local attempts = redis.call('HMGET', ATTEMPTS, unpack(ids))
+local errors = redis.call('HMGET', ERRORS, unpack(ids))
 for n, id in ipairs(ids) do
     result[#result + 1] = id
     result[#result + 1] = page[n * 2]

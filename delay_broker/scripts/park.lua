@@ -1,15 +1,16 @@
 -- park.lua: park one or more messages (ZADD due + HSET msg), all or nothing.
--- KEYS[1] due       ZSET id -> score
--- KEYS[2] msg       HASH id -> envelope
--- KEYS[3] inflight  ZSET id -> lease deadline
--- KEYS[4] leased    HASH id -> due score while in flight
--- KEYS[5] dead      ZSET id -> dead-lettered at
--- KEYS[6] attempts  HASH id -> failed attempts
--- KEYS[7] errors    HASH id -> last error
--- KEYS[8] seq       STRING FIFO sequence
--- KEYS[9] wake      LIST wake marker
--- KEYS[10] stats    HASH counters
--- KEYS[11] cron     HASH schedule name -> due ms of the latest occurrence parked for it
+-- KEYS: one shard's keys in delay_broker.keys.SCRIPT_KEYS order, named by the prelude. Uses:
+--   DUE       ZSET id -> score
+--   MSG       HASH id -> envelope
+--   INFLIGHT  ZSET id -> lease deadline
+--   LEASED    HASH id -> due score while in flight
+--   DEAD      ZSET id -> dead-lettered at
+--   ATTEMPTS  HASH id -> failed attempts
+--   ERRORS    HASH id -> last error
+--   SEQ       STRING FIFO sequence
+--   WAKE      LIST wake marker
+--   STATS     HASH counters
+--   CRON      HASH schedule name -> due ms of the latest occurrence parked for it
 -- ARGV[1] on_conflict: 'replace' (reschedule and replace the payload) or 'keep' (leave an existing id alone)
 -- ARGV[2] max_due_ms: latest due time accepted
 -- ARGV[3] schedule: '' or the name of a recurring schedule. With a name the call parks one occurrence, and
@@ -18,7 +19,7 @@
 -- ARGV[4..] groups of 4: id, kind ('d' = delay in ms from Redis TIME, 'a' = absolute due ms), value, envelope
 -- Returns a flat list, two entries per message: due_ms, outcome (1 = new, 2 = replaced, 0 = kept existing;
 -- for a kept message due_ms is its current due time, or -1 when it is in flight or dead; for a refused
--- occurrence, the due time of the latest occurrence parked for its schedule).
+-- occurrence, the due time of the latest occurrence parked for its schedule); then 1 if WAKE was pushed, else 0.
 
 local replace = ARGV[1] == 'replace'
 local max_due = tonumber(ARGV[2])
@@ -41,38 +42,38 @@ for i = 4, #ARGV, 4 do
     dues[count] = due
 end
 
-local problem = wrong_type(KEYS[1], 'zset', KEYS[2], 'hash', KEYS[3], 'zset', KEYS[4], 'hash', KEYS[5], 'zset',
-    KEYS[6], 'hash', KEYS[7], 'hash', KEYS[8], 'string', KEYS[9], 'list', KEYS[10], 'hash')
+local problem = wrong_type(DUE, 'zset', MSG, 'hash', INFLIGHT, 'zset', LEASED, 'hash', DEAD, 'zset',
+    ATTEMPTS, 'hash', ERRORS, 'hash', SEQ, 'string', WAKE, 'list', STATS, 'hash')
 if problem then
     return problem
 end
 
-local seq = next_seq(KEYS[8], count)
+local seq = next_seq(SEQ, count)
 
 -- Only scheduled parks read the cron record: a stray key there must not stop ordinary sends.
 if schedule ~= '' then
-    problem = wrong_type(KEYS[11], 'hash')
+    problem = wrong_type(CRON, 'hash')
     if problem then
         return problem
     end
     if count ~= 1 then
         return redis.error_reply('ERR a scheduled occurrence is parked on its own')
     end
-    local latest = redis.call('HGET', KEYS[11], schedule)
+    local latest = redis.call('HGET', CRON, schedule)
     if latest then
         local latest_due = tonumber(latest)
         if not latest_due then
             return redis.error_reply('ERR malformed record of schedule ' .. schedule .. ' in '
-                .. KEYS[11] .. ': ' .. string.sub(latest, 1, 40) .. ' (delete the field to start it afresh)')
+                .. CRON .. ': ' .. string.sub(latest, 1, 40) .. ' (delete the field to start it afresh)')
         end
         if dues[1] <= latest_due then
-            return {latest_due, 0}
+            return {latest_due, 0, 0}
         end
     end
-    redis.call('HSET', KEYS[11], schedule, dues[1])
+    redis.call('HSET', CRON, schedule, dues[1])
 end
 
-local head = head_due(KEYS[1])
+local head = head_due(DUE)
 local earliest = false
 local result = {}
 local parked = 0
@@ -80,22 +81,22 @@ for n = 1, count do
     local i = 4 + (n - 1) * 4
     local id = ARGV[i]
     local outcome = 1
-    local existing = redis.call('ZSCORE', KEYS[1], id)
-    local held = existing or redis.call('ZSCORE', KEYS[3], id) or redis.call('ZSCORE', KEYS[5], id)
+    local existing = redis.call('ZSCORE', DUE, id)
+    local held = existing or redis.call('ZSCORE', INFLIGHT, id) or redis.call('ZSCORE', DEAD, id)
     if held and not replace then
         result[#result + 1] = existing and due_of(existing) or -1
         result[#result + 1] = 0
     else
         if held then
             outcome = 2
-            redis.call('ZREM', KEYS[3], id)
-            redis.call('HDEL', KEYS[4], id)
-            redis.call('ZREM', KEYS[5], id)
-            redis.call('HDEL', KEYS[6], id)
-            redis.call('HDEL', KEYS[7], id)
+            redis.call('ZREM', INFLIGHT, id)
+            redis.call('HDEL', LEASED, id)
+            redis.call('ZREM', DEAD, id)
+            redis.call('HDEL', ATTEMPTS, id)
+            redis.call('HDEL', ERRORS, id)
         end
-        redis.call('ZADD', KEYS[1], score_for(dues[n], seq + n - 1), id)
-        redis.call('HSET', KEYS[2], id, ARGV[i + 3])
+        redis.call('ZADD', DUE, score_for(dues[n], seq + n - 1), id)
+        redis.call('HSET', MSG, id, ARGV[i + 3])
         if not earliest or dues[n] < earliest then
             earliest = dues[n]
         end
@@ -106,9 +107,12 @@ for n = 1, count do
 end
 
 if parked > 0 then
-    redis.call('HINCRBY', KEYS[10], 'parked', parked)
+    redis.call('HINCRBY', STATS, 'parked', parked)
 end
+local woke = 0
 if earliest and (not head or earliest < head) then
-    wake_one(KEYS[9])
+    wake_one(WAKE)
+    woke = 1
 end
+result[#result + 1] = woke
 return result

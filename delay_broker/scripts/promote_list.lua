@@ -1,14 +1,15 @@
 -- promote_list.lua: exactly-once promotion of due messages straight into Redis lists of the same server.
 -- Claiming and pushing happen in one atomic step, so a crash can neither lose nor duplicate a message.
--- KEYS[1] due        ZSET id -> score
--- KEYS[2] msg        HASH id -> envelope
--- KEYS[3] dead       ZSET id -> dead-lettered at
--- KEYS[4] attempts   HASH id -> failed attempts
--- KEYS[5] errors     HASH id -> last error
--- KEYS[6] stats      HASH counters
--- KEYS[7] promoters  ZSET promoter id -> last heartbeat
--- KEYS[8 + 2k], KEYS[9 + 2k]  list key and payload-hash key of route k (k from 0); a route without a hash
---                             repeats its list key in the second slot
+-- KEYS: one shard's keys in delay_broker.keys.SCRIPT_KEYS order, named by the prelude. Uses:
+--   DUE       ZSET id -> score
+--   MSG       HASH id -> envelope
+--   DEAD      ZSET id -> dead-lettered at
+--   ATTEMPTS  HASH id -> failed attempts
+--   ERRORS    HASH id -> last error
+--   STATS     HASH counters
+--   PROMOTERS ZSET promoter id -> last heartbeat
+-- KEYS[FIRST_EXTRA_KEY + 2k], KEYS[FIRST_EXTRA_KEY + 2k + 1]  list key and payload-hash key of route k (k from
+--   0); a route without a hash repeats its list key in the second slot. They must be in the shard's slot.
 -- ARGV[1] batch (<= 1000)   ARGV[2] promoter id
 -- ARGV[3..] groups of 2 per route k, in KEYS order: route name, mode
 --   mode 'lpush': LPUSH the payload (consumers BRPOP, e.g. Celery's Redis transport, a plain ready list)
@@ -19,25 +20,26 @@
 -- An envelope with no route among these goes to the dead letters: a stored message can reach only the
 -- queues the application declared.
 
-local problem = wrong_type(KEYS[1], 'zset', KEYS[7], 'zset')
+local problem = wrong_type(DUE, 'zset', PROMOTERS, 'zset')
 if problem then
     return problem
 end
 local batch = tonumber(ARGV[1])
 local now = now_ms()
-redis.call('ZADD', KEYS[7], now, ARGV[2])
+redis.call('ZADD', PROMOTERS, now, ARGV[2])
 
 local routes = {}
 for k = 0, (#ARGV - 2) / 2 - 1 do
-    routes[ARGV[3 + 2 * k]] = {list = KEYS[8 + 2 * k], hash = KEYS[9 + 2 * k], mode = ARGV[4 + 2 * k]}
+    local list, hash = KEYS[FIRST_EXTRA_KEY + 2 * k], KEYS[FIRST_EXTRA_KEY + 2 * k + 1]
+    routes[ARGV[3 + 2 * k]] = {list = list, hash = hash, mode = ARGV[4 + 2 * k]}
 end
 
 local promoted, dead = 0, 0
 local result = {now, -1, 0, 0}
-local ready = count_due(KEYS[1], now, batch)
+local ready = count_due(DUE, now, batch)
 if ready > 0 then
     -- Every key written below must hold the right type before the first write (see wrong_type).
-    local spec = {KEYS[2], 'hash', KEYS[3], 'zset', KEYS[4], 'hash', KEYS[5], 'hash', KEYS[6], 'hash'}
+    local spec = {MSG, 'hash', DEAD, 'zset', ATTEMPTS, 'hash', ERRORS, 'hash', STATS, 'hash'}
     for _, route in pairs(routes) do
         spec[#spec + 1] = route.list
         spec[#spec + 1] = 'list'
@@ -50,23 +52,23 @@ if ready > 0 then
     if problem then
         return problem
     end
-    local ids, due = pop_due(KEYS[1], ready)
-    local envelopes = redis.call('HMGET', KEYS[2], unpack(ids))
-    redis.call('HDEL', KEYS[2], unpack(ids))
+    local ids, due = pop_due(DUE, ready)
+    local envelopes = redis.call('HMGET', MSG, unpack(ids))
+    redis.call('HDEL', MSG, unpack(ids))
     -- Attempts and errors exist only for messages that failed before: skip the work when there are none.
-    if redis.call('EXISTS', KEYS[4]) == 1 then
-        redis.call('HDEL', KEYS[4], unpack(ids))
+    if redis.call('EXISTS', ATTEMPTS) == 1 then
+        redis.call('HDEL', ATTEMPTS, unpack(ids))
     end
-    if redis.call('EXISTS', KEYS[5]) == 1 then
-        redis.call('HDEL', KEYS[5], unpack(ids))
+    if redis.call('EXISTS', ERRORS) == 1 then
+        redis.call('HDEL', ERRORS, unpack(ids))
     end
 
     -- Pushes are grouped per route, in due order, so each batch costs one push per route.
     local pushes, order = {}, {}
     local function fail(id, envelope, reason)
-        dead_letter(KEYS[3], KEYS[5], KEYS[6], id, reason, now)
+        dead_letter(DEAD, ERRORS, STATS, id, reason, now)
         if envelope then
-            redis.call('HSET', KEYS[2], id, envelope)
+            redis.call('HSET', MSG, id, envelope)
         end
         dead = dead + 1
     end
@@ -121,11 +123,11 @@ if ready > 0 then
         end
     end
     if promoted > 0 then
-        redis.call('HINCRBY', KEYS[6], 'promoted', promoted)
+        redis.call('HINCRBY', STATS, 'promoted', promoted)
     end
 end
 
-local next_due = head_due(KEYS[1])
+local next_due = head_due(DUE)
 if next_due then
     result[2] = next_due
 end

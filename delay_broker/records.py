@@ -1,0 +1,115 @@
+"""What the store takes and gives back: plain records, no Redis in them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Literal
+
+from .clock import Delay
+from .envelope import Envelope
+from .errors import CorruptEnvelope
+
+OnConflict = Literal["replace", "keep"]
+State = Literal["due", "inflight", "dead", "gone"]
+NackAction = Literal["retry", "dead", "release"]
+
+
+@dataclass(frozen=True)
+class ParkRequest:
+    """One message to park: exactly one of ``delay`` (seconds or timedelta) and ``due`` (aware datetime)."""
+
+    id: str
+    envelope: Envelope
+    delay: Delay | None = None
+    due: datetime | None = None
+
+
+@dataclass(frozen=True)
+class ParkResult:
+    id: str
+    due_ms: int
+    """The due time now stored (for a kept duplicate: the existing one; -1 if it is in flight or dead)."""
+    outcome: Literal["new", "replaced", "kept"]
+
+
+@dataclass(frozen=True)
+class ClaimedMessage:
+    """A message leased to a promoter. ``envelope`` is None when the stored bytes are corrupt."""
+
+    id: str
+    due_ms: int
+    raw: bytes
+    envelope: Envelope | None
+    problem: str | None = None
+
+
+@dataclass(frozen=True)
+class Claim:
+    now_ms: int
+    lease_deadline_ms: int
+    next_wake_ms: int | None
+    messages: list[ClaimedMessage]
+    shard: int = 0
+    """The shard the messages were claimed from: give it back to :meth:`DelayStore.ack` / ``nack``."""
+
+
+@dataclass(frozen=True)
+class DirectPromotion:
+    now_ms: int
+    next_due_ms: int | None
+    promoted: int
+    dead_lettered: int
+    lateness_ms: list[int]
+    shard: int = 0
+
+
+@dataclass(frozen=True)
+class MessageInfo:
+    """What the store holds for one id."""
+
+    id: str
+    state: State
+    due_ms: int | None
+    at_ms: int | None
+    """Lease deadline (in flight) or time it was dead-lettered (dead)."""
+    raw: bytes | None
+    attempts: int
+    error: str | None
+
+    @property
+    def envelope(self) -> Envelope | None:
+        if self.raw is None:
+            return None
+        try:
+            return Envelope.decode(self.raw)
+        except CorruptEnvelope:
+            return None
+
+
+@dataclass(frozen=True)
+class Requeued:
+    count: int
+    """Dead letters parked again."""
+    not_requeued: list[str]
+    """Ids given (or found) that were not: not dead-lettered, or with no payload to requeue."""
+
+
+@dataclass(frozen=True)
+class StoreStats:
+    now_ms: int
+    parked: int
+    inflight: int
+    dead: int
+    overdue: int
+    next_due_ms: int | None
+    live_promoters: int
+    counters: dict[str, int]
+    histogram: list[int]
+    """Parked messages per bucket of :attr:`DelayStore.HISTOGRAM_EDGES`, plus one for later."""
+
+    @property
+    def oldest_overdue_age_ms(self) -> int:
+        if self.overdue == 0 or self.next_due_ms is None:
+            return 0
+        return max(0, self.now_ms - self.next_due_ms)

@@ -1,0 +1,88 @@
+"""redis-py's exceptions turned into delay_broker's, with a message that says what happened.
+
+The same refusal reaches a client in several shapes: its own reply class (``ReadOnlyError``), a plain
+``ResponseError`` whose text starts with the code (``NOREPLICAS ...``), or, raised inside a Lua script, the
+code somewhere inside the script's error text (Redis 6.2 wraps it as ``Error running script ... -OOM ...``).
+Redis Cluster adds client-side errors of redis-py's own (``RedisClusterException``). All end up here.
+"""
+
+from __future__ import annotations
+
+import re
+
+import redis
+from redis.exceptions import RedisClusterException
+
+from .errors import (
+    DelayBrokerError,
+    InvalidDelay,
+    NotEnoughReplicas,
+    StoreFull,
+    StoreLoading,
+    StoreReadOnly,
+    StoreRefused,
+    StoreUnavailable,
+    WrongNode,
+)
+
+_EXPLANATIONS: dict[str, tuple[type[StoreRefused], str]] = {
+    "NOREPLICAS": (
+        NotEnoughReplicas,
+        "the master has fewer in-sync replicas than its min-replicas-to-write and refuses writes",
+    ),
+    "OOM": (StoreFull, "Redis is full (maxmemory reached under the noeviction policy): nothing was written"),
+    "READONLY": (
+        StoreReadOnly,
+        "the server is a read-only replica (a failover is under way, or the URL names a replica)",
+    ),
+    "LOADING": (StoreLoading, "Redis is loading its data set from disk and cannot serve yet"),
+    "MOVED": (WrongNode, "the key's slot lives on another Redis Cluster node: use a redis+cluster:// URL"),
+    "ASK": (WrongNode, "the key's slot is migrating between Redis Cluster nodes"),
+    "CROSSSLOT": (WrongNode, "keys of one operation are in different Redis Cluster slots"),
+    "CLUSTERDOWN": (WrongNode, "the Redis Cluster is down or does not serve this slot"),
+    "TRYAGAIN": (WrongNode, "the Redis Cluster is resharding this slot: try again"),
+}
+_CODE = re.compile(r"(?:^|[\s:\-(])(" + "|".join(_EXPLANATIONS) + r")\b")
+_OURS = ("WRONGTYPE key", "ERR malformed record", "ERR a scheduled occurrence")
+
+
+def translate(error: redis.RedisError | RedisClusterException, doing: str) -> DelayBrokerError:
+    """The delay_broker error for a redis-py error raised while ``doing`` something."""
+    text = str(error)
+    if isinstance(error, redis.BusyLoadingError):
+        return _refused("LOADING", doing, text)
+    if isinstance(error, redis.ReadOnlyError):
+        return _refused("READONLY", doing, text)
+    if isinstance(error, redis.OutOfMemoryError):
+        return _refused("OOM", doing, text)
+    if isinstance(error, (redis.ConnectionError, redis.TimeoutError)):
+        return StoreUnavailable(f"Redis unavailable during {doing}: {text}")
+    if isinstance(error, RedisClusterException):
+        return WrongNode(f"Redis Cluster refused {doing}: {text}")
+    if isinstance(error, redis.ResponseError):
+        if "delay_broker: " in text:
+            # The scripts' own input errors ("delay_broker: due time of ..."; key names have no space there).
+            return InvalidDelay(text.split("delay_broker: ", 1)[1].strip())
+        if not text.startswith(_OURS):
+            match = _CODE.search(text)
+            if match:
+                return _refused(match.group(1), doing, text)
+    if isinstance(error, redis.exceptions.ClusterError):
+        return StoreUnavailable(f"Redis Cluster unavailable during {doing}: {text}")
+    # A key of the wrong type, a missing permission: as Redis said it, with the key names it gave.
+    return DelayBrokerError(f"Redis refused {doing}: {text}")
+
+
+def _refused(code: str, doing: str, text: str) -> StoreRefused:
+    kind, explanation = _EXPLANATIONS[code]
+    return kind(f"Redis refused {doing}: {explanation} ({code}: {_detail(text, code)})")
+
+
+def _detail(text: str, code: str) -> str:
+    """The server's own words after the code, without Redis 6.2's script wrapping."""
+    start = text.find(code)
+    detail = text[start + len(code) :].strip(" :") if start >= 0 else text
+    return detail.split(" script:", 1)[0].strip() or text
+
+
+__all__ = ["translate"]
