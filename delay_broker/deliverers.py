@@ -6,6 +6,7 @@ from collections.abc import Mapping
 
 import redis
 
+from .connect import AnyRedis, is_cluster
 from .errors import DeliveryRefused, TargetUnavailable
 from .store import ClaimedMessage
 from .targets import ListTarget
@@ -38,7 +39,7 @@ class ListDeliverer:
     again after its lease: consumers should tolerate the rare duplicate.
     """
 
-    def __init__(self, client: redis.Redis, routes: Mapping[str, ListTarget]) -> None:
+    def __init__(self, client: AnyRedis, routes: Mapping[str, ListTarget]) -> None:
         self.client = client
         self.routes = dict(routes)
 
@@ -52,7 +53,9 @@ class ListDeliverer:
             if target.mode == "hash":
                 if envelope.hash_field is None:
                     raise DeliveryRefused(f"no hash field for route {envelope.route!r}")
-                pipe = self.client.pipeline(transaction=True)
+                # Atomic on one server; on a Cluster the two keys are in different slots, and the payload
+                # written first is harmless should the push fail (the message is delivered again).
+                pipe = self.client.pipeline(transaction=not is_cluster(self.client))
                 pipe.hset(target.hash_key, envelope.hash_field, envelope.payload)  # type: ignore[arg-type]
                 pipe.rpush(target.list_key, envelope.hash_field)
                 pipe.execute()

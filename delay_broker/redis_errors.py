@@ -42,6 +42,14 @@ _EXPLANATIONS: dict[str, tuple[type[StoreRefused], str]] = {
     "CLUSTERDOWN": (WrongNode, "the Redis Cluster is down or does not serve this slot"),
     "TRYAGAIN": (WrongNode, "the Redis Cluster is resharding this slot: try again"),
 }
+_CLUSTER_REPLIES: tuple[tuple[type[redis.RedisError], str], ...] = (
+    # redis-py strips the code from these replies' text (a MovedError reads "3652 127.0.0.1:7001").
+    (redis.exceptions.MovedError, "MOVED"),
+    (redis.exceptions.AskError, "ASK"),
+    (redis.exceptions.TryAgainError, "TRYAGAIN"),
+    (redis.exceptions.ClusterCrossSlotError, "CROSSSLOT"),
+    (redis.exceptions.ClusterDownError, "CLUSTERDOWN"),
+)
 _CODE = re.compile(r"(?:^|[\s:\-(])(" + "|".join(_EXPLANATIONS) + r")\b")
 _OURS = ("WRONGTYPE key", "ERR malformed record", "ERR a scheduled occurrence")
 
@@ -55,6 +63,9 @@ def translate(error: redis.RedisError | RedisClusterException, doing: str) -> De
         return _refused("READONLY", doing, text)
     if isinstance(error, redis.OutOfMemoryError):
         return _refused("OOM", doing, text)
+    for kind, code in _CLUSTER_REPLIES:
+        if isinstance(error, kind):
+            return _refused(code, doing, f"{code} {text}")
     if isinstance(error, (redis.ConnectionError, redis.TimeoutError)):
         return StoreUnavailable(f"Redis unavailable during {doing}: {text}")
     if isinstance(error, RedisClusterException):

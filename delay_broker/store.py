@@ -620,16 +620,21 @@ class DelayStore:
         if not self.cluster:
             return
         targets = sorted({key for target in routes.values() for key in (target.list_key, target.hash_key) if key})
-        for space in self.shards:
-            slot = key_slot(space.due.encode())
-            elsewhere = [key for key in targets if key_slot(key.encode()) != slot]
-            if elsewhere:
-                raise ConfigurationError(
-                    f"exactly-once promotion cannot work on this Redis Cluster: target key(s) {elsewhere} are not in "
-                    f"slot {slot} of {space.pattern}, and one script can only touch one slot. Use at-least-once "
-                    "promotion (a broker outside the cluster, or a deliverer of the framework) or give the targets "
-                    f"the hash tag {{{space.tag}}} with shards=1"
-                )
+        if len(self.shards) > 1 and targets:
+            raise ConfigurationError(
+                f"exactly-once promotion cannot work on a Redis Cluster with shards={len(self.shards)}: one script "
+                "touches one slot, and the shards are in different slots. Use at-least-once promotion (a broker "
+                "outside the cluster, or a deliverer of the framework)"
+            )
+        slot = key_slot(self.keys.due.encode())
+        elsewhere = [key for key in targets if key_slot(key.encode()) != slot]
+        if elsewhere:
+            raise ConfigurationError(
+                f"exactly-once promotion cannot work on this Redis Cluster: target key(s) {elsewhere} are not in "
+                f"slot {slot} of {self.keys.pattern}, and one script touches one slot. Use at-least-once promotion "
+                f"(a broker outside the cluster, or a deliverer of the framework) or give the targets the hash tag "
+                f"{{{self.keys.tag}}}"
+            )
 
     def promote_direct(
         self, routes: Mapping[str, ListTarget], batch: int, promoter_id: str, *, shard: int = 0

@@ -13,6 +13,10 @@ Environment:
   DB_QUEUES         comma-separated queue names; each gets its own actors
   DB_RECORD_KEY     list the actors and the probe RPUSH their events to
   DB_SCHEDULE       optional cron expression: the first queue's record actor runs on it (token "cron")
+  DB_STORE_URL      optional: the delay store's URL when it is not DB_REDIS_URL (redis+cluster://, ...)
+  DB_STORE_SHARDS   optional: shards of the delay store namespace
+  DB_SENTINEL_URL   redis+sentinel:// URL of the RedisBroker's Redis (DB_BROKER=redis-sentinel); the store
+                    lives in that master too
 """
 
 from __future__ import annotations
@@ -73,6 +77,13 @@ def make_broker(env: Mapping[str, str]) -> dramatiq.Broker:
         from dramatiq.brokers.redis import RedisBroker
 
         return RedisBroker(url=env["DB_REDIS_URL"], namespace=env["DB_BROKER_NS"])  # type: ignore[no-untyped-call]
+    if kind == "redis-sentinel":
+        from dramatiq.brokers.redis import RedisBroker
+
+        from delay_broker.connect import client_from_url
+
+        client = client_from_url(env["DB_SENTINEL_URL"])
+        return RedisBroker(client=client, namespace=env["DB_BROKER_NS"])  # type: ignore[no-untyped-call]
     if kind == "rabbitmq":
         from dramatiq.brokers.rabbitmq import RabbitmqBroker
 
@@ -94,13 +105,15 @@ def build(env: Mapping[str, str]) -> App:
     broker.add_middleware(CurrentMessage())
     broker.add_middleware(Probe(record))
     # RedisBroker: no redis_url, so the store lives in the broker's Redis and promotion is exactly-once.
-    redis_url = None if env["DB_BROKER"] == "redis" else env["DB_REDIS_URL"]
+    redis_url = None if env["DB_BROKER"].startswith("redis") else env.get("DB_STORE_URL", env["DB_REDIS_URL"])
+    shards = env.get("DB_STORE_SHARDS")
     middleware = DelayMiddleware(
         redis_url=redis_url,
         namespace=env["DB_STORE_NS"],
         threshold=float(env["DB_THRESHOLD"]),
         max_idle=1.0,
         lease=20.0,
+        store_options={"shards": int(shards)} if shards else None,
     )
     broker.add_middleware(middleware)
     app = App(broker, middleware)

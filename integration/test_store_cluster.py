@@ -1,0 +1,217 @@
+"""The delay store on a real 3-master Redis Cluster: a sharded namespace spreads over every master, every store
+operation and the CLI work across shards, promoters serve every shard, and what cannot work is refused."""
+
+from __future__ import annotations
+
+import functools
+import json
+import time
+import uuid
+from collections.abc import Iterator
+from datetime import datetime, timedelta, timezone
+from typing import TYPE_CHECKING
+
+import pytest
+from click.testing import CliRunner
+from redis.crc import key_slot
+
+from delay_broker import ConfigurationError, DelayStore, Envelope, ParkRequest
+from delay_broker.cli import cli
+from delay_broker.deliverers import DirectLists, ListDeliverer
+from delay_broker.errors import NotReplicated, WrongNode
+from delay_broker.promoter import Promoter
+from delay_broker.targets import ListTarget
+from tests.helpers import wait_for
+
+if TYPE_CHECKING:
+    from .ha_servers import RedisClusterServers
+
+wait = functools.partial(wait_for, timeout=20.0, interval=0.05)
+
+SHARDS = 6
+
+
+@pytest.fixture
+def namespace() -> str:
+    return f"cl-{uuid.uuid4().hex[:10]}"
+
+
+@pytest.fixture
+def store(redis_cluster: RedisClusterServers, namespace: str) -> Iterator[DelayStore]:
+    store = DelayStore.from_url(redis_cluster.url, namespace=namespace, shards=SHARDS, retry_backoff=(0.05, 0.2))
+    yield store
+    for space in store.shards:  # only this test's keys
+        for node in range(len(redis_cluster.ports)):
+            client = redis_cluster.node_client(node)
+            keys = list(client.scan_iter(match=space.pattern))
+            for key in keys:
+                client.delete(key)
+            client.close()
+    store.client.close()
+
+
+def envelope(payload: bytes = b"job", route: str = "ready") -> Envelope:
+    return Envelope(route=route, payload=payload)
+
+
+def keys_per_node(cluster: RedisClusterServers, pattern: str) -> list[int]:
+    counts = []
+    for node in range(len(cluster.ports)):
+        client = cluster.node_client(node)
+        counts.append(sum(1 for _ in client.scan_iter(match=pattern)))
+        client.close()
+    return counts
+
+
+def test_a_sharded_namespace_spreads_over_every_master(redis_cluster: RedisClusterServers, store: DelayStore) -> None:
+    store.park_many([ParkRequest(f"m-{n}", envelope(), delay=3600) for n in range(600)])
+    per_node = [sum(count) for count in zip(*(keys_per_node(redis_cluster, s.pattern) for s in store.shards))]
+    assert len(per_node) == 3 and all(count > 0 for count in per_node), per_node
+    slots = {key_slot(space.due.encode()) for space in store.shards}
+    assert len(slots) == SHARDS
+    parked_per_shard = [store.client.zcard(space.due) for space in store.shards]
+    assert sum(parked_per_shard) == 600 and min(parked_per_shard) > 50, parked_per_shard
+    assert store.stats().parked == 600
+
+
+def test_every_store_operation_works_across_shards(store: DelayStore) -> None:
+    ids = [f"op-{n}" for n in range(40)]
+    for n, id in enumerate(ids):
+        store.park(id, envelope(b"p%d" % n), delay=600 + n)
+    assert {store.shard_for(id) for id in ids} == set(range(SHARDS)), "the ids cover every shard"
+    assert store.get("op-7") is not None and store.get("op-7").raw.endswith(b"p7")  # type: ignore[union-attr]
+    assert store.get("unknown") is None
+    page = store.list_messages("due", count=10)
+    assert [info.id for info in page] == ids[:10], "merged over shards in due order"
+    assert [info.id for info in store.list_messages("due", offset=35, count=10)] == ids[35:]
+    moved = store.reschedule("op-3", delay=7200)
+    assert moved is not None and store.get("op-3").due_ms == moved  # type: ignore[union-attr]
+    assert store.cancel("op-4") and not store.cancel("op-4")
+    assert store.cancel_many(["op-5", "op-6", "nope"]) == 2
+    stats = store.stats()
+    assert stats.parked == 37 and stats.counters["parked"] == 40 and stats.counters["cancelled"] == 3
+    assert sum(1 for _ in store.iter_all("due", page=7)) == 37
+
+
+def test_promoters_serve_every_shard_and_wake_for_any_of_them(
+    redis_cluster: RedisClusterServers, store: DelayStore, namespace: str
+) -> None:
+    target = f"{{{namespace}}}:ready"
+    deliverer = ListDeliverer(store.client, {"ready": ListTarget(target)})
+    # A long max_idle: only the per-shard wake-up can explain a prompt promotion.
+    promoters = [Promoter(store, deliverer, max_idle=30.0).start() for _ in range(2)]
+    try:
+        time.sleep(0.5)  # both asleep
+        sent = time.time()
+        ids = [f"w-{n}" for n in range(60)]
+        store.park_many([ParkRequest(id, envelope(id.encode()), delay=1.0) for id in ids])
+        wait(lambda: store.client.llen(target) == 60, what="all 60 promoted")
+        assert time.time() - sent < 10, "woken by the parks, not by max_idle"
+        payloads = [item.decode() for item in store.client.lrange(target, 0, -1)]
+        assert sorted(payloads) == sorted(ids), "each once"
+        wait(lambda: store.stats().counters.get("promoted") == 60, what="acknowledged")
+        assert store.stats().live_promoters >= 1
+    finally:
+        for promoter in promoters:
+            promoter.stop()
+        store.client.delete(target)
+    assert not any(promoter.running for promoter in promoters), "stop() works on a cluster"
+
+
+def test_dead_letters_and_schedules_across_shards(store: DelayStore) -> None:
+    store.park_many([ParkRequest(f"d-{n}", envelope(), delay=0) for n in range(20)])
+    for shard in range(SHARDS):
+        claim = store.claim(1000, 30, "p", shard=shard)
+        store.nack(claim.lease_deadline_ms, [(m.id, "refused", "dead") for m in claim.messages], shard=shard)
+    assert store.stats().dead == 20
+    assert len(store.list_messages("dead", count=100)) == 20
+    requeued = store.requeue_dead(["d-1", "d-2", "missing"])
+    assert requeued.count == 2 and requeued.not_requeued == ["missing"]
+    assert store.requeue_dead().count == 18
+    for shard in range(SHARDS):
+        claim = store.claim(1000, 30, "p", shard=shard)
+        store.nack(claim.lease_deadline_ms, [(m.id, "refused", "dead") for m in claim.messages], shard=shard)
+    assert store.purge_dead(["d-3"]) == 1 and store.purge_dead() == 19
+    # A schedule's occurrences live beside its record in shard 0, and are found by id like any message.
+    due = datetime.now(timezone.utc) + timedelta(hours=1)
+    occurrence = "occurrence-of-report"
+    assert store.park_occurrence("report", occurrence, envelope(), due).outcome == "new"
+    assert store.park_occurrence("report", occurrence, envelope(), due).outcome == "kept"
+    assert "report" in store.schedules()
+    info = store.get(occurrence)
+    assert info is not None and info.state == "due"
+    assert store.reschedule(occurrence, delay=60) is not None and store.cancel(occurrence)
+
+
+def test_exactly_once_is_refused_up_front_when_targets_cannot_share_the_slot(
+    redis_cluster: RedisClusterServers, store: DelayStore, namespace: str
+) -> None:
+    tagged = DirectLists({"ready": ListTarget(f"{{{namespace}}}:ready")})
+    with pytest.raises(ConfigurationError, match="shards=6"):
+        Promoter(store, tagged)
+    single = DelayStore.from_url(redis_cluster.url, namespace=f"{namespace}-one")
+    try:
+        with pytest.raises(ConfigurationError, match="not in slot"):
+            Promoter(single, DirectLists({"ready": ListTarget("plain:ready")}))
+        # Targets carrying the namespace's hash tag share its slot: exactly-once works on a cluster too.
+        target = f"{{{namespace}-one}}:ready"
+        single.park("one", envelope(b"once"), delay=0.2)
+        promoter = Promoter(single, DirectLists({"ready": ListTarget(target)}), max_idle=1.0).start()
+        try:
+            wait(lambda: single.client.llen(target) == 1, what="promoted")
+        finally:
+            promoter.stop()
+        assert single.stats().counters["promoted"] == 1
+        single.client.delete(target, *single.keys.all())
+    finally:
+        single.client.close()
+
+
+def test_a_plain_url_to_one_node_says_to_use_a_cluster_url(redis_cluster: RedisClusterServers, namespace: str) -> None:
+    refused = 0
+    for url in redis_cluster.plain_urls:
+        plain = DelayStore.from_url(url, namespace=namespace)
+        try:
+            plain.stats()
+        except WrongNode as error:
+            refused += 1
+            assert "redis+cluster://" in str(error)
+        finally:
+            plain.client.close()
+    assert refused == 2, "the two masters that do not own the namespace's slot refuse, clearly"
+
+
+def test_the_shard_count_is_the_namespace_s_and_checked(redis_cluster: RedisClusterServers, store: DelayStore) -> None:
+    store.park("x", envelope(), delay=60)
+    same = DelayStore.from_url(redis_cluster.url, namespace=store.keys.namespace)
+    assert len(same.shards) == SHARDS and same.get("x") is not None, "read from the namespace"
+    other = DelayStore.from_url(redis_cluster.url, namespace=store.keys.namespace, shards=3)
+    with pytest.raises(ConfigurationError, match="has 6 shard"):
+        other.stats()
+    same.client.close()
+    other.client.close()
+
+
+def test_the_cli_aggregates_every_shard(redis_cluster: RedisClusterServers, store: DelayStore) -> None:
+    store.park_many([ParkRequest(f"c-{n}", envelope(), delay=120 + n) for n in range(30)])
+    runner = CliRunner()
+    base = ["--redis-url", redis_cluster.url, "--namespace", store.keys.namespace]
+    result = runner.invoke(cli, ["stats", *base, "--json"])
+    assert result.exit_code == 0, result.output
+    assert json.loads(result.output)["parked"] == 30
+    result = runner.invoke(cli, ["ls", *base, "--json", "--limit", "5"])
+    assert result.exit_code == 0, result.output
+    assert [row["id"] for row in json.loads(result.output)["messages"]] == [f"c-{n}" for n in range(5)]
+    result = runner.invoke(cli, ["cancel", "c-9", *base, "--yes"])
+    assert result.exit_code == 0, result.output
+    assert store.get("c-9") is None
+
+
+def test_wait_after_write_goes_to_the_shard_s_own_master(redis_cluster: RedisClusterServers, namespace: str) -> None:
+    # No replicas in this cluster: a durable write is refused with a clear error, on whichever master it went to.
+    durable = DelayStore.from_url(redis_cluster.url, namespace=namespace, shards=3, replicas=1, replica_timeout=0.1)
+    try:
+        with pytest.raises(NotReplicated, match="confirmed by 0 of 1 replica"):
+            durable.park("d", envelope(), delay=60)
+    finally:
+        durable.client.close()
