@@ -65,7 +65,9 @@ def keys_per_node(cluster: RedisClusterServers, pattern: str) -> list[int]:
 
 def test_a_sharded_namespace_spreads_over_every_master(redis_cluster: RedisClusterServers, store: DelayStore) -> None:
     store.park_many([ParkRequest(f"m-{n}", envelope(), delay=3600) for n in range(600)])
-    per_node = [sum(count) for count in zip(*(keys_per_node(redis_cluster, s.pattern) for s in store.shards))]
+    per_node = [
+        sum(count) for count in zip(*(keys_per_node(redis_cluster, s.pattern) for s in store.shards), strict=True)
+    ]
     assert len(per_node) == 3 and all(count > 0 for count in per_node), per_node
     slots = {key_slot(space.due.encode()) for space in store.shards}
     assert len(slots) == SHARDS
