@@ -24,12 +24,15 @@ def free_port() -> int:
 class EmbeddedRedis:
     """Starts ``redis-server`` on 127.0.0.1 with its data in a temporary directory; stops and removes it.
 
-    ``extra_args`` are appended to the command line (e.g. ``["--appendonly", "yes"]``). ``restart`` stops
+    ``extra_args`` are appended to the command line (e.g. ``["--appendonly", "yes"]``); ``executable`` picks
+    another ``redis-server`` than the one on the PATH (another Redis version). ``restart`` stops
     the server and starts it again on the same port and directory (its data survives only with persistence).
     """
 
-    def __init__(self, extra_args: list[str] | None = None, *, port: int | None = None) -> None:
-        executable = shutil.which("redis-server")
+    def __init__(
+        self, extra_args: list[str] | None = None, *, port: int | None = None, executable: str | None = None
+    ) -> None:
+        executable = executable or shutil.which("redis-server")
         if executable is None:
             raise ConfigurationError(
                 "redis-server is not installed: install it (Debian: apt-get install redis-server) or pass a "

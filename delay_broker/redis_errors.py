@@ -81,12 +81,23 @@ def translate(error: redis.RedisError | RedisClusterException, doing: str) -> De
     if isinstance(error, redis.exceptions.ClusterError):
         return StoreUnavailable(f"Redis Cluster unavailable during {doing}: {text}")
     # A key of the wrong type, a missing permission: as Redis said it, with the key names it gave.
-    return DelayBrokerError(f"Redis refused {doing}: {text}")
+    return DelayBrokerError(f"Redis refused {doing}: {_unwrapped(text)}")
 
 
 def _refused(code: str, doing: str, text: str) -> StoreRefused:
     kind, explanation = _EXPLANATIONS[code]
     return kind(f"Redis refused {doing}: {explanation} ({code}: {_detail(text, code)})")
+
+
+_SCRIPT_WRAPPING = re.compile(
+    r"^(Error running script \(call to f_[0-9a-f]+\): )?(@user_script:\d+: )?(user_script:\d+: )?(ERR )?"
+    r"|\s*script: [0-9a-f]+, on @user_script:\d+\.$"
+)
+
+
+def _unwrapped(text: str) -> str:
+    """A script's own error without the place Redis adds (6.2 before it, 7 and 8 after it)."""
+    return _SCRIPT_WRAPPING.sub("", text).strip() or text
 
 
 def _detail(text: str, code: str) -> str:

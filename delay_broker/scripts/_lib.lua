@@ -28,8 +28,9 @@ end
 local function next_seq(seq_key, count)
     local current = redis.call('GET', seq_key)
     if current and not string.match(current, '^%-?%d+$') then
-        error({err = 'ERR key ' .. seq_key .. ' is not an integer counter: nothing was changed; delete it to let '
-            .. 'delay_broker go on'})
+        -- A plain string: Redis 6.2 cannot report an error table raised with error().
+        error('ERR key ' .. seq_key .. ' is not an integer counter: nothing was changed; delete it to let '
+            .. 'delay_broker go on')
     end
     return redis.call('INCRBY', seq_key, count) - count
 end

