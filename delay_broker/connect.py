@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 from typing import Any, cast
-from urllib.parse import parse_qsl, unquote, urlsplit
+from urllib.parse import parse_qsl, unquote, urlencode, urlsplit
 
 import redis
 from redis.cluster import ClusterNode, RedisCluster
@@ -99,11 +99,16 @@ def _hosts(netloc: str, url: str, default_port: int) -> tuple[str | None, str | 
         password = unquote(secret) if has_password else None
     found = []
     for item in hosts.split(","):
-        host, _, port = item.strip().rpartition(":") if ":" in item else (item.strip(), "", "")
+        item = item.strip()
+        if item.startswith("["):  # an IPv6 address: [::1] or [::1]:26379
+            host, _, rest = item[1:].partition("]")
+            port = rest.removeprefix(":")
+        else:
+            host, _, port = item.rpartition(":") if ":" in item else (item, "", "")
         if not host:
             raise ConfigurationError(f"no host in Redis URL {_redacted(url)!r}")
         try:
-            found.append((host.strip("[]"), int(port) if port else default_port))
+            found.append((host, int(port) if port else default_port))
         except ValueError:
             raise ConfigurationError(f"bad port {port!r} in Redis URL {_redacted(url)!r}") from None
     return username, password, found
@@ -112,7 +117,7 @@ def _hosts(netloc: str, url: str, default_port: int) -> tuple[str | None, str | 
 def _query_options(query: str, tls: bool) -> dict[str, Any]:
     """redis-py's own parsing of URL query options (types, ``ssl_cert_reqs`` ...)."""
     pairs = [(key, value) for key, value in parse_qsl(query) if key not in SENTINEL_OPTIONS]
-    encoded = "&".join(f"{key}={value}" for key, value in pairs)
+    encoded = urlencode(pairs)
     parsed = cast(dict[str, Any], parse_url(("rediss" if tls else "redis") + "://localhost/?" + encoded))  # type: ignore[no-untyped-call]
     for key in ("host", "port", "db", "connection_class"):
         parsed.pop(key, None)

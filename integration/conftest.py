@@ -14,6 +14,7 @@ import pytest
 
 from delay_broker.embedded import EmbeddedRedis
 
+from .ha_servers import RedisClusterServers, SentinelSet
 from .servers import AWS_TEST_ENV, MotoServer, RabbitNode
 
 
@@ -47,3 +48,21 @@ def sqs() -> Iterator[MotoServer]:
 def unique() -> str:
     """A fresh suffix for namespaces and queue names."""
     return uuid.uuid4().hex[:10]
+
+
+@pytest.fixture(scope="session")
+def redis_cluster() -> Iterator[RedisClusterServers]:
+    """A private 3-master Redis Cluster (~2 s to start). Tests use keys and namespaces of their own."""
+    with RedisClusterServers() as cluster:
+        yield cluster
+
+
+@pytest.fixture(scope="module")
+def redis_sentinel() -> Iterator[SentinelSet]:
+    """A private master + replica + Sentinel (~0.2 s to start), shared by a module's tests.
+
+    ``failover()`` returns only when the set is healthy again, so tests that fail over leave it usable; which node
+    is master is not fixed: ask ``master_address()`` / ``master_client()``.
+    """
+    with SentinelSet() as sentinel:
+        yield sentinel
