@@ -47,7 +47,7 @@ SENTINEL_OPTIONS = ("sentinel_username", "sentinel_password")
 
 
 def client_from_url(url: str, **options: Any) -> AnyRedis:
-    """A client for a store URL; ``options`` go to the client (and override what the URL says)."""
+    """A client for a store URL; ``options`` go to the client (what the URL says wins, as in redis-py)."""
     scheme = url.split("://", 1)[0].lower() if "://" in url else ""
     settings = {**CLIENT_DEFAULTS, **options}
     if scheme in SENTINEL_SCHEMES:
@@ -138,7 +138,7 @@ def _sentinel_client(url: str, settings: dict[str, Any]) -> redis.Redis:
         )
     service, db = unquote(path[0]), int(path[1]) if len(path) == 2 else 0
     query = dict(parse_qsl(parts.query))
-    node_options = {**_query_options(parts.query, tls), **settings, "db": db}
+    node_options = {**settings, **_query_options(parts.query, tls), "db": db}
     if username is not None:
         node_options["username"] = username
     if password is not None:
@@ -162,7 +162,7 @@ def _cluster_client(url: str, settings: dict[str, Any]) -> RedisCluster:
     username, password, nodes = _hosts(parts.netloc, url, 6379)
     if parts.path.strip("/") not in ("", "0"):
         raise ConfigurationError(f"a Redis Cluster has database 0 only, got {_redacted(url)!r}")
-    options = {**_query_options(parts.query, tls), **settings}
+    options = {**settings, **_query_options(parts.query, tls)}
     options.pop("db", None)
     if username is not None:
         options["username"] = username

@@ -1,0 +1,61 @@
+"""Pure units: store URLs of every form become the client they name (no server is contacted here)."""
+
+from __future__ import annotations
+
+import pytest
+import redis
+
+from delay_broker import ConfigurationError, DelayStore
+from delay_broker.connect import client_from_url, describe
+
+
+def test_a_sentinel_url_names_the_master_its_database_and_credentials() -> None:
+    client = client_from_url(
+        "redis+sentinel://app:s%40cret@10.0.0.1:26379,[::1]:26380,sentinel-c/orders/3"
+        "?sentinel_password=sp&socket_timeout=4&client_name=a%2Bb"
+    )
+    pool = client.connection_pool
+    assert isinstance(client, redis.Redis) and describe(client) == "Sentinel service 'orders'"
+    assert pool.service_name == "orders"  # type: ignore[attr-defined]
+    kwargs = pool.connection_kwargs
+    assert (kwargs["db"], kwargs["username"], kwargs["password"]) == (3, "app", "s@cret")
+    assert kwargs["socket_timeout"] == 4.0 and kwargs["client_name"] == "a+b"
+    sentinels = pool.sentinel_manager.sentinels  # type: ignore[attr-defined]
+    addresses = [
+        (s.connection_pool.connection_kwargs["host"], s.connection_pool.connection_kwargs["port"]) for s in sentinels
+    ]
+    assert addresses == [("10.0.0.1", 26379), ("::1", 26380), ("sentinel-c", 26379)]
+    assert sentinels[0].connection_pool.connection_kwargs["password"] == "sp"
+
+
+def test_tls_sentinel_urls_use_tls_for_the_data_nodes() -> None:
+    client = client_from_url("rediss+sentinel://h:26379/mymaster?ssl_cert_reqs=none")
+    assert client.connection_pool.connection_kwargs.get("ssl_cert_reqs") == "none"
+    assert client.connection_pool.connection_kwargs["db"] == 0
+
+
+@pytest.mark.parametrize(
+    ("url", "message"),
+    [
+        ("redis+sentinel://h:26379", "names the master as its path"),
+        ("redis+sentinel://h:26379/a/1/2", "names the master as its path"),
+        ("redis+cluster://h:7000/2", "database 0 only"),
+        ("redis+sentinel://h:port/m", "bad port"),
+        ("memcached://h:11211", "unsupported Redis URL"),
+        ("redis+sentinel://u:secret@h:x/m", "bad port"),
+    ],
+)
+def test_bad_urls_are_refused_with_a_reason_and_no_password(url: str, message: str) -> None:
+    with pytest.raises(ConfigurationError, match=message) as raised:
+        DelayStore.from_url(url)
+    assert "secret" not in str(raised.value)
+
+
+def test_store_options_configure_the_store_and_the_rest_the_client() -> None:
+    store = DelayStore.from_url("redis://localhost:1/0", namespace="n", shards=4, replicas=1, socket_timeout=2)
+    assert store.keys.namespace == "n" and store.replicas == 1
+    assert store.client.connection_pool.connection_kwargs["socket_timeout"] == 2
+    with pytest.raises(ConfigurationError, match="shards must be 1..1024"):
+        DelayStore.from_url("redis://localhost:1/0", shards=0)
+    with pytest.raises(ConfigurationError, match="replicas"):
+        DelayStore.from_url("redis://localhost:1/0", replicas=-1)
