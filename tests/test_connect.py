@@ -55,7 +55,7 @@ def test_store_options_configure_the_store_and_the_rest_the_client() -> None:
     store = DelayStore.from_url("redis://localhost:1/0", namespace="n", shards=4, replicas=1, socket_timeout=2)
     assert store.keys.namespace == "n" and store.replicas == 1
     assert store.client.connection_pool.connection_kwargs["socket_timeout"] == 2
-    with pytest.raises(ConfigurationError, match="shards must be 1..1024"):
+    with pytest.raises(ConfigurationError, match=r"shards must be 1\.\.1024"):
         DelayStore.from_url("redis://localhost:1/0", shards=0)
     with pytest.raises(ConfigurationError, match="replicas"):
         DelayStore.from_url("redis://localhost:1/0", replicas=-1)
