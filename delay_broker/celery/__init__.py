@@ -2,7 +2,8 @@
 
 Enable it with configuration (see the README's Celery section)::
 
-    app.conf.broker_transport = "delay_broker.celery.transport:RedisTransport"  # AmqpTransport, SQSTransport
+    app.conf.broker_transport = "delay_broker.celery.transport:RedisTransport"
+    # or SentinelTransport (sentinel://), AmqpTransport, SQSTransport
     app.conf.broker_transport_options = {"delay_broker": {"threshold": 60}}
 
 or in one line, after the app is configured: ``delay_broker.celery.install(app, threshold=60)``.
@@ -25,6 +26,7 @@ from .config import DEFAULT_NAMESPACE, DEFAULT_THRESHOLDS, OPTIONS_KEY, CeleryOp
 from .schedules import schedule, schedules_of
 
 TRANSPORT_REDIS = "delay_broker.celery.transport:RedisTransport"
+TRANSPORT_SENTINEL = "delay_broker.celery.transport:SentinelTransport"
 TRANSPORT_AMQP = "delay_broker.celery.transport:AmqpTransport"
 TRANSPORT_SQS = "delay_broker.celery.transport:SQSTransport"
 
@@ -34,6 +36,7 @@ __all__ = [
     "OPTIONS_KEY",
     "TRANSPORT_AMQP",
     "TRANSPORT_REDIS",
+    "TRANSPORT_SENTINEL",
     "TRANSPORT_SQS",
     "CeleryOptions",
     "app_options",

@@ -6,6 +6,8 @@ from datetime import datetime
 from typing import Any
 from urllib.parse import urlsplit
 
+from kombu.transport import redis as kombu_redis
+
 from ..clock import delay_to_ms, ms_to_datetime
 from ..cron import CronScheduler
 from ..errors import ConfigurationError, InvalidDelay
@@ -23,7 +25,7 @@ from .delivery import (
 )
 from .messages import parse_celery_time, reschedule_parked
 from .schedules import schedules_of
-from .stores import RouteBook, same_redis, shared_store, store_client
+from .stores import REDIS_KINDS, RouteBook, check_store, same_redis, shared_store, store_client
 
 
 def app_options(app: Any, **overrides: Any) -> CeleryOptions:
@@ -45,10 +47,12 @@ def transport_kind(app: Any) -> tuple[Kind, bool]:
             raise ConfigurationError(f"cannot load the broker transport {name!r}: {error}") from None
     if isinstance(cls, type) and issubclass(cls, DelayBrokerTransport):
         return cls.delay_broker_kind, True
+    if isinstance(cls, type) and issubclass(cls, kombu_redis.SentinelTransport):
+        return "sentinel", False  # its driver_type is "redis"
     kind = kind_of_scheme(str(getattr(cls, "driver_type", "")))
     if kind is None:
         raise ConfigurationError(
-            f"delay_broker supports the redis, pyamqp and SQS transports, not {connection.transport_cls!r}"
+            f"delay_broker supports the redis, sentinel, pyamqp and SQS transports, not {connection.transport_cls!r}"
         )
     return kind, False
 
@@ -72,10 +76,12 @@ def validate(app: Any) -> CeleryOptions:
         scheme_kind = kind_of_scheme(scheme)
         if scheme_kind is not None and scheme_kind != kind:
             raise ConfigurationError(f"broker_url {scheme}:// does not match {_transport_path(kind)!r}")
-    if len(urls) > 1:
+    if len(urls) > 1 and kind != "sentinel":
+        # Sentinel: one sentinel:// URL per Sentinel is the normal form, and our transport keeps kombu from
+        # switching between them (see transport.SentinelTransport).
         raise ConfigurationError("delay_broker does not support failover broker URLs (kombu drops the transport)")
     with app.connection_for_write() as connection:
-        store_client(options, kind, connection)  # raises if there is no Redis for the store
+        check_store(options, kind, connection)  # raises if there is no Redis for the store
     return options
 
 
@@ -103,7 +109,9 @@ def install(app: Any, **options: Any) -> CeleryOptions:
     if isinstance(current, str) and current.startswith("delay_broker."):
         kind = kind or transport_kind(app)[0]
     if kind is None:
-        raise ConfigurationError(f"delay_broker supports redis://, amqp:// and sqs:// brokers, not {scheme}://")
+        raise ConfigurationError(
+            f"delay_broker supports redis://, sentinel://, amqp:// and sqs:// brokers, not {scheme}://"
+        )
     transport_options[OPTIONS_KEY] = raw
     app.conf.broker_transport = _transport_path(kind)
     app.conf.broker_transport_options = transport_options
@@ -135,13 +143,15 @@ def build_promoter(app: Any, *, listener: PromoterListener | None = None, **over
     book = RouteBook(store)
     transport_options = dict(app.conf.broker_transport_options or {})
     deliverer: Deliverer | DirectDeliverer
-    if kind == "redis":
+    if kind in REDIS_KINDS:
         routes, sep = redis_priority_routes(queues, transport_options)
         allowed = AllowedRoutes(routes, book)
         if direct:
             deliverer = RedisDirect(allowed, transport_options)
         else:
-            deliverer = VirtualRepublisher(lambda: app.connection_for_write(transport="redis"), allowed, sep)
+            # kombu's stock transport of the same kind ("redis" or "sentinel"): ours would park it again.
+            stock = kind
+            deliverer = VirtualRepublisher(lambda: app.connection_for_write(transport=stock), allowed, sep)
     elif kind == "sqs":
         deliverer = VirtualRepublisher(lambda: app.connection_for_write(transport="sqs"), AllowedRoutes(queues, book))
     else:

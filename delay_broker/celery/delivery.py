@@ -1,10 +1,10 @@
 """The promoter side: deliver a due parked task back into the broker queue Celery published it to.
 
-- Redis transport, store in the same Redis: :class:`RedisDirect`, exactly once. The promoter's atomic
-  script LPUSHes the stored bytes, which are exactly what kombu's ``_put`` would have pushed, into the
-  queue's list key (priority suffix and ``global_keyprefix`` included).
-- Redis transport on another Redis, and SQS: :class:`VirtualRepublisher` calls the stock channel's
-  ``_put`` with the stored message; at least once under the promoter's lease.
+- Redis (or Sentinel) transport, store in the same Redis (master): :class:`RedisDirect`, exactly once. The
+  promoter's atomic script LPUSHes the stored bytes, which are exactly what kombu's ``_put`` would have
+  pushed, into the queue's list key (priority suffix and ``global_keyprefix`` included).
+- Redis (or Sentinel) transport with the store on another Redis, and SQS: :class:`VirtualRepublisher` calls
+  the stock channel's ``_put`` with the stored message; at least once under the promoter's lease.
 - pyamqp (RabbitMQ): :class:`AmqpRepublisher` republishes body and properties to the same exchange and
   routing key with publisher confirms; at least once under the lease.
 

@@ -1,14 +1,16 @@
-"""kombu transports that park long-delayed Celery tasks: subclasses of the stock redis, pyamqp and SQS ones.
+"""kombu transports that park long-delayed Celery tasks: subclasses of the stock redis, sentinel, pyamqp and SQS
+ones.
 
 Select one with Celery's ``broker_transport`` setting (kombu resolves it as a dotted path) and keep
 ``broker_url`` as it is; kombu still reads host, port, credentials and virtual host from the URL::
 
-    broker_transport = "delay_broker.celery.transport:RedisTransport"   # or AmqpTransport, SQSTransport
+    broker_transport = "delay_broker.celery.transport:RedisTransport"
+    # or SentinelTransport (sentinel://), AmqpTransport, SQSTransport
 
 Each is a subclass of the real transport, not a wrapper, because Celery changes behaviour on
 ``transport.driver_type`` and ``implements``. Publishing is intercepted where every task passes after
-routing: ``Channel._put`` for the virtual transports (redis, SQS) and ``basic_publish`` for pyamqp. The
-pidbox ``revoke`` broadcast is seen in ``basic_publish`` on all three and cancels parked tasks.
+routing: ``Channel._put`` for the virtual transports (redis, sentinel, SQS) and ``basic_publish`` for pyamqp. The
+pidbox ``revoke`` broadcast is seen in ``basic_publish`` on all of them and cancels parked tasks.
 """
 
 from __future__ import annotations
@@ -82,15 +84,22 @@ class WatchesRevokes:
         return super().basic_publish(message, exchange, routing_key, **kwargs)  # type: ignore[misc]
 
 
-class RedisChannel(WatchesRevokes, kombu_redis.Channel):
+class ParksRedisPuts(WatchesRevokes):
+    """The parking ``_put`` of kombu's Redis channels (plain and Sentinel): the route is the list kombu would
+    push to, priority suffix included, so exactly-once promotion can LPUSH into it."""
+
     def _put(self, queue: str, message: dict[str, Any], **kwargs: Any) -> Any:
-        priority = self._get_message_priority(message, reverse=False)  # type: ignore[no-untyped-call]
-        route: str = self._q_for_pri(queue, priority)  # type: ignore[no-untyped-call]
+        priority = self._get_message_priority(message, reverse=False)  # type: ignore[attr-defined]
+        route: str = self._q_for_pri(queue, priority)  # type: ignore[attr-defined]
         if _park_virtual(self, queue, message, route):
             # Parked directly, not inside a kombu publish batch (Celery itself never batches).
             kwargs.pop("_publish_batch", None)
             return None
-        return super()._put(queue, message, **kwargs)  # type: ignore[no-untyped-call]
+        return super()._put(queue, message, **kwargs)  # type: ignore[misc]
+
+
+class RedisChannel(ParksRedisPuts, kombu_redis.Channel):
+    pass
 
 
 class RedisTransport(DelayBrokerTransport, kombu_redis.Transport):
@@ -98,6 +107,26 @@ class RedisTransport(DelayBrokerTransport, kombu_redis.Transport):
 
     Channel = RedisChannel
     delay_broker_kind = "redis"
+
+
+class SentinelChannel(ParksRedisPuts, kombu_redis.SentinelChannel):
+    pass
+
+
+class SentinelTransport(DelayBrokerTransport, kombu_redis.SentinelTransport):
+    """kombu's Redis Sentinel transport (``sentinel://``), parking tasks whose eta is further away than the
+    threshold. Without a ``redis_url`` the store lives in the master the Sentinels name ``master_name``."""
+
+    Channel = SentinelChannel
+    delay_broker_kind = "sentinel"
+
+    def __init__(self, client: Any, **kwargs: Any) -> None:
+        super().__init__(client, **kwargs)
+        # On a connection error kombu switches to the next URL of ``sentinel://h1;sentinel://h2`` and re-parses
+        # it, which replaces this transport by kombu's stock one (its scheme names it): tasks would silently
+        # stop being parked. Switching buys nothing here: the Sentinel pool asks every listed Sentinel for the
+        # current master on each connection.
+        client.cycle = None
 
 
 # -- pyamqp ----------------------------------------------------------------------------------------------------
@@ -194,6 +223,7 @@ worker_init.connect(_add_promoter_step, weak=False, dispatch_uid="delay_broker.c
 
 TRANSPORTS: dict[str, str] = {
     "redis": f"{__name__}:RedisTransport",
+    "sentinel": f"{__name__}:SentinelTransport",
     "amqp": f"{__name__}:AmqpTransport",
     "sqs": f"{__name__}:SQSTransport",
 }
