@@ -189,19 +189,23 @@ class DelayStore:
     @property
     def shards(self) -> list[Keyspace]:
         """The key sets of every shard, shard 0 first (read from the namespace on first use)."""
+        return self._shards or self._read_layout("reading the shard layout")
+
+    def _read_layout(self, doing: str) -> list[Keyspace]:
         if self._shards is None:
             with self._layout_lock:
                 if self._shards is None:
-                    count = self._resolve_layout()
+                    count = self._resolve_layout(doing)
                     self._shards = Keyspace.shards_of(self.keys.namespace, self.keys.prefix, count)
                     self._wake_tokens = {space.wake.encode(): n for n, space in enumerate(self._shards)}
                     with contextlib.suppress(redis.RedisError):
                         self._master = master_address(self.client)
+        assert self._shards is not None
         return self._shards
 
-    def _resolve_layout(self) -> int:
+    def _resolve_layout(self, doing: str) -> int:
         wanted = self._requested_shards
-        with self._redis("reading the shard layout"):
+        with self._redis(doing):
             recorded = self.client.get(self.keys.layout)
             if recorded is None and wanted is not None and wanted > 1:
                 self.client.set(self.keys.layout, wanted, nx=True)
@@ -225,7 +229,7 @@ class DelayStore:
         return shard_of(id, len(self.shards))
 
     def _run(self, name: str, shard: int, args: Sequence[Any], *, extra: Sequence[str] = (), write: bool = True) -> Any:
-        space = self.shards[shard]
+        space = (self._shards or self._read_layout(name))[shard]
         keys = [*space.script_keys, *extra]
         with self._redis(name):
             if write and self.replicas:
@@ -308,7 +312,7 @@ class DelayStore:
         if on_conflict not in ("replace", "keep"):
             raise ValueError(f"on_conflict must be 'replace' or 'keep', got {on_conflict!r}")
         encoded = [self._encode_request(request) for request in requests]
-        if len(self.shards) == 1:
+        if len(self._shards or self._read_layout("park")) == 1:
             results: list[ParkResult] = []
             for start in range(0, len(encoded), MAX_BATCH):
                 results.extend(self._park(0, encoded[start : start + MAX_BATCH], on_conflict))

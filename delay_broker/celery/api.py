@@ -138,7 +138,7 @@ def build_promoter(app: Any, *, listener: PromoterListener | None = None, **over
     with app.connection_for_write() as connection:
         client = store_client(options, kind, connection)  # its own client: the promoter blocks on it
         direct = same_redis(options, kind, connection)
-    store = DelayStore(client, namespace=options.namespace, max_attempts=options.max_attempts)
+    store = DelayStore(client, **options.store_options())
     queues = declared_queues(app, options.queues)
     book = RouteBook(store)
     transport_options = dict(app.conf.broker_transport_options or {})

@@ -16,7 +16,7 @@ from typing import Any, Literal
 from urllib.parse import unquote, urlsplit
 
 from ..errors import ConfigurationError
-from ..keys import Keyspace
+from ..keys import MAX_SHARDS, Keyspace
 
 Kind = Literal["redis", "sentinel", "amqp", "sqs"]
 """The brokers we wrap: Redis (``redis://``), Redis behind Sentinel (``sentinel://``), RabbitMQ, SQS."""
@@ -52,6 +52,19 @@ class CeleryOptions:
     queues: tuple[str, ...] = ()
     revoke: bool = True
     metrics_port: int | None = None
+    shards: int | None = None
+    replicas: int = 0
+    replica_timeout: float = 1.0
+
+    def store_options(self) -> dict[str, Any]:
+        """The :class:`~delay_broker.store.DelayStore` arguments these options give."""
+        return {
+            "namespace": self.namespace,
+            "max_attempts": self.max_attempts,
+            "shards": self.shards,
+            "replicas": self.replicas,
+            "replica_timeout": self.replica_timeout,
+        }
 
     def threshold_for(self, kind: Kind) -> float:
         return DEFAULT_THRESHOLDS[kind] if self.threshold is None else self.threshold
@@ -181,12 +194,16 @@ def parse_options(raw: object) -> CeleryOptions:
             values[name] = value
         elif name == "threshold":
             values[name] = None if value is None else _seconds(name, value, minimum=0.0, inclusive=True)
-        elif name in ("lease", "max_idle"):
+        elif name in ("lease", "max_idle", "replica_timeout"):
             values[name] = _seconds(name, value, minimum=0.0, inclusive=False)
         elif name in ("batch", "max_attempts"):
             values[name] = _int(name, value, 1, 1000)
         elif name == "metrics_port":
             values[name] = None if value is None else _int(name, value, 0, 65535)
+        elif name == "shards":
+            values[name] = None if value is None else _int(name, value, 1, MAX_SHARDS)
+        elif name == "replicas":
+            values[name] = _int(name, value, 0, 100)
         elif name == "queues":
             if isinstance(value, str) or not isinstance(value, list | tuple | set | frozenset):
                 raise ConfigurationError(f"delay_broker option 'queues' must be a list of queue names, got {value!r}")

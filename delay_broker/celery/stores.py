@@ -225,12 +225,12 @@ def shared_store(options: CeleryOptions, kind: Kind, conninfo: Any) -> DelayStor
                 repr(transport_options.get("sentinel_kwargs")),
                 transport_options.get("min_other_sentinels"),
             )
-    key = (*identity, options.namespace, options.max_attempts)
+    key = (*identity, *options.store_options().values())
     with _shared_lock:
         store = _shared.get(key)
         if store is None:
             client = store_client(options, kind, conninfo)
-            store = _shared[key] = DelayStore(client, namespace=options.namespace, max_attempts=options.max_attempts)
+            store = _shared[key] = DelayStore(client, **options.store_options())
         return store
 
 

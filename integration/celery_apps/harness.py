@@ -19,6 +19,7 @@ import redis
 from celery import Celery
 
 from delay_broker import DelayStore
+from delay_broker.connect import AnyRedis, client_from_url
 from tests.helpers import wait_for as shared_wait_for
 
 from .app import make_app
@@ -59,7 +60,7 @@ class CeleryEnv:
     kind: str
     env: dict[str, str]
     recorder: redis.Redis
-    store_client: redis.Redis
+    store_client: AnyRedis
     workers: list[Worker] = field(default_factory=list)
     _app: Celery | None = None
 
@@ -92,7 +93,7 @@ class CeleryEnv:
             "DBT_RECORD_KEY": f"dbtest:{unique}:runs",
         }
         recorder = redis.Redis.from_url(record_url)
-        return cls(kind, env, recorder, redis.Redis.from_url(store_url or record_url))
+        return cls(kind, env, recorder, client_from_url(store_url or record_url))
 
     @property
     def queue(self) -> str:
@@ -190,7 +191,7 @@ class CeleryEnv:
             worker.stop()
         self.recorder.delete(self.env["DBT_RECORD_KEY"])
         with contextlib.suppress(Exception):
-            keys = self.store.keys
-            self.store_client.delete(*keys.all())
+            for space in self.store.shards:  # one slot per shard: a Cluster takes each delete
+                self.store_client.delete(*space.all())
         if self._app is not None:
             self._app.close()
