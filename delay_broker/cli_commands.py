@@ -33,6 +33,7 @@ from .cli_format import (
     stats_record,
 )
 from .clock import delay_to_ms, ms_to_datetime
+from .connect import describe as describe_client
 from .errors import DelayBrokerError
 from .keys import DEFAULT_NAMESPACE
 from .store import DelayStore, MessageInfo
@@ -232,6 +233,7 @@ def stats(redis_url: str | None, namespace: str, as_json: bool) -> None:
     promoter_note = "no promoter running: nothing will be promoted" if snapshot.live_promoters == 0 else ""
     summary.add_row("live promoters", str(snapshot.live_promoters), Text(promoter_note, style="bold red"))
     summary.add_row("Redis time", format_time(now), "")
+    summary.add_row("store", describe_client(session.store.client), f"{snapshot.shards} shard(s)")
 
     rows = histogram_rows(snapshot)
     largest = max((count for _, _, count in rows), default=0)

@@ -294,6 +294,7 @@ def stats_record(stats: StoreStats, namespace: str) -> dict[str, Any]:
         "next_due_ms": stats.next_due_ms,
         "next_due": iso_time(stats.next_due_ms),
         "live_promoters": stats.live_promoters,
+        "shards": stats.shards,
         "counters": dict(sorted(stats.counters.items())),
         "histogram": {key: count for key, _, count in histogram_rows(stats)},
     }

@@ -24,9 +24,10 @@ from urllib.parse import parse_qsl, unquote, urlencode, urlsplit
 import redis
 from redis.cluster import ClusterNode, RedisCluster
 from redis.connection import parse_url
+from redis.exceptions import RedisClusterException
 from redis.sentinel import Sentinel
 
-from .errors import ConfigurationError
+from .errors import ConfigurationError, StoreUnavailable
 
 logger = logging.getLogger("delay_broker.connect")
 
@@ -169,7 +170,11 @@ def _cluster_client(url: str, settings: dict[str, Any]) -> RedisCluster:
     if password is not None:
         options["password"] = password
     startup = [ClusterNode(host, port) for host, port in nodes]  # type: ignore[no-untyped-call]
-    return RedisCluster(startup_nodes=startup, **options)
+    try:
+        # redis-py reads the cluster's slot map here, so an unreachable cluster fails now, not at first use.
+        return RedisCluster(startup_nodes=startup, **options)
+    except (redis.RedisError, RedisClusterException) as error:
+        raise StoreUnavailable(f"Redis Cluster unreachable at {_redacted(url)}: {error}") from error
 
 
 def _redacted(url: str) -> str:

@@ -107,6 +107,8 @@ class StoreStats:
     counters: dict[str, int]
     histogram: list[int]
     """Parked messages per bucket of :attr:`DelayStore.HISTOGRAM_EDGES`, plus one for later."""
+    shards: int = 1
+    """Shards the counts were summed over."""
 
     @property
     def oldest_overdue_age_ms(self) -> int:

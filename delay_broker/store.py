@@ -566,6 +566,7 @@ class DelayStore:
             live_promoters=max(int(reply[6]) for reply in snapshots),
             counters=counters,
             histogram=[sum(int(reply[8][n]) for reply in snapshots) for n in range(len(snapshots[0][8]))],
+            shards=len(snapshots),
         )
 
     # -- promoters -------------------------------------------------------------------------------------
