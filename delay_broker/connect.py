@@ -18,6 +18,7 @@ parsed by redis-py.
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 from typing import Any, cast
 from urllib.parse import parse_qsl, unquote, urlencode, urlsplit
 
@@ -49,18 +50,14 @@ SENTINEL_OPTIONS = ("sentinel_username", "sentinel_password")
 
 def client_from_url(url: str, **options: Any) -> AnyRedis:
     """A client for a store URL; ``options`` go to the client (what the URL says wins, as in redis-py)."""
-    scheme = url.split("://", 1)[0].lower() if "://" in url else ""
+    check_url(url)
+    scheme = url.split("://", 1)[0].lower()
     settings = {**CLIENT_DEFAULTS, **options}
     if scheme in SENTINEL_SCHEMES:
         return _sentinel_client(url, settings)
     if scheme in CLUSTER_SCHEMES:
         return _cluster_client(url, settings)
-    if scheme in ("redis", "rediss", "unix"):
-        return redis.Redis.from_url(url, **settings)
-    raise ConfigurationError(
-        f"unsupported Redis URL {_redacted(url)!r}: use redis://, rediss://, unix://, redis+sentinel:// or "
-        "redis+cluster://"
-    )
+    return redis.Redis.from_url(url, **settings)
 
 
 def is_cluster(client: object) -> bool:
@@ -91,15 +88,27 @@ def master_address(client: AnyRedis) -> tuple[str, int] | None:
     return address
 
 
-def _hosts(netloc: str, url: str, default_port: int) -> tuple[str | None, str | None, list[tuple[str, int]]]:
-    credentials, _, hosts = netloc.rpartition("@")
-    username = password = None
-    if credentials:
-        user, has_password, secret = credentials.partition(":")
-        username = unquote(user) or None
-        password = unquote(secret) if has_password else None
+@dataclass(frozen=True)
+class SentinelTarget:
+    """What a ``redis+sentinel://`` URL names: its Sentinels, the master's service name and database."""
+
+    sentinels: list[tuple[str, int]]
+    service: str
+    db: int
+
+
+def _credentials(netloc: str) -> tuple[str | None, str | None]:
+    credentials = netloc.rpartition("@")[0]
+    if not credentials:
+        return None, None
+    user, has_password, secret = credentials.partition(":")
+    return unquote(user) or None, unquote(secret) if has_password else None
+
+
+def parse_hosts(url: str, default_port: int) -> list[tuple[str, int]]:
+    """The ``host[:port]`` items of a multi-host URL (``[user:password@]h1:p1,[::1]:p2,h3``)."""
     found = []
-    for item in hosts.split(","):
+    for item in urlsplit(url).netloc.rpartition("@")[2].split(","):
         item = item.strip()
         if item.startswith("["):  # an IPv6 address: [::1] or [::1]:26379
             host, _, rest = item[1:].partition("]")
@@ -108,11 +117,49 @@ def _hosts(netloc: str, url: str, default_port: int) -> tuple[str | None, str | 
             host, _, port = item.rpartition(":") if ":" in item else (item, "", "")
         if not host:
             raise ConfigurationError(f"no host in Redis URL {_redacted(url)!r}")
+        if port and not (port.isdigit() and 0 < int(port) < 65536):
+            raise ConfigurationError(f"bad port {port!r} in Redis URL {_redacted(url)!r}")
+        found.append((host, int(port) if port else default_port))
+    return found
+
+
+def parse_sentinel_url(url: str) -> SentinelTarget:
+    """The parts of a ``redis+sentinel://`` URL, or a ConfigurationError saying what is wrong."""
+    path = [unquote(piece) for piece in urlsplit(url).path.split("/") if piece]
+    if not path or len(path) > 2 or (len(path) == 2 and not path[1].isdigit()):
+        raise ConfigurationError(
+            f"a Sentinel URL names the master as its path, e.g. redis+sentinel://host:26379/mymaster/0; got "
+            f"{_redacted(url)!r}"
+        )
+    return SentinelTarget(parse_hosts(url, 26379), path[0], int(path[1]) if len(path) == 2 else 0)
+
+
+def check_url(url: str) -> str:
+    """A store URL of a form :func:`client_from_url` takes, checked without connecting; else ConfigurationError."""
+    scheme = url.split("://", 1)[0].lower() if "://" in url else ""
+    if scheme in SENTINEL_SCHEMES:
+        parse_sentinel_url(url)
+    elif scheme in CLUSTER_SCHEMES:
+        parse_hosts(url, 6379)
+        if urlsplit(url).path.strip("/") not in ("", "0"):
+            raise ConfigurationError(f"a Redis Cluster has database 0 only, got {_redacted(url)!r}")
+    elif scheme in ("redis", "rediss", "unix"):
         try:
-            found.append((host, int(port) if port else default_port))
-        except ValueError:
-            raise ConfigurationError(f"bad port {port!r} in Redis URL {_redacted(url)!r}") from None
-    return username, password, found
+            parts = urlsplit(url)
+            parts.port  # noqa: B018 (raises ValueError for a bad port)
+        except ValueError as error:
+            raise ConfigurationError(f"not a valid Redis URL ({error}): {_redacted(url)!r}") from None
+        if scheme != "unix" and not parts.hostname:
+            raise ConfigurationError(f"no host in Redis URL {_redacted(url)!r}")
+        database = parts.path.strip("/")
+        if scheme != "unix" and database and not database.isdigit():
+            raise ConfigurationError(f"the database must be a number, got {database!r} in {_redacted(url)!r}")
+    else:
+        raise ConfigurationError(
+            f"unsupported Redis URL {_redacted(url)!r}: use redis://, rediss://, unix://, redis+sentinel:// or "
+            "redis+cluster://"
+        )
+    return url
 
 
 def _query_options(query: str, tls: bool) -> dict[str, Any]:
@@ -127,23 +174,22 @@ def _query_options(query: str, tls: bool) -> dict[str, Any]:
     return parsed
 
 
-def _sentinel_client(url: str, settings: dict[str, Any]) -> redis.Redis:
+def _node_options(url: str, settings: dict[str, Any]) -> dict[str, Any]:
+    """Options of the data nodes of a multi-host URL: defaults and ``settings``, its query, its credentials."""
     parts = urlsplit(url)
-    tls = parts.scheme.lower().startswith("rediss")
-    username, password, sentinels = _hosts(parts.netloc, url, 26379)
-    path = [piece for piece in parts.path.split("/") if piece]
-    if not path or len(path) > 2:
-        raise ConfigurationError(
-            f"a Sentinel URL names the master as its path, e.g. redis+sentinel://host:26379/mymaster/0; got "
-            f"{_redacted(url)!r}"
-        )
-    service, db = unquote(path[0]), int(path[1]) if len(path) == 2 else 0
-    query = dict(parse_qsl(parts.query))
-    node_options = {**settings, **_query_options(parts.query, tls), "db": db}
+    options = {**settings, **_query_options(parts.query, parts.scheme.lower().startswith("rediss"))}
+    username, password = _credentials(parts.netloc)
     if username is not None:
-        node_options["username"] = username
+        options["username"] = username
     if password is not None:
-        node_options["password"] = password
+        options["password"] = password
+    return options
+
+
+def _sentinel_client(url: str, settings: dict[str, Any]) -> redis.Redis:
+    target = parse_sentinel_url(url)
+    query = dict(parse_qsl(urlsplit(url).query))
+    node_options = {**_node_options(url, settings), "db": target.db}
     sentinel_options = {
         key: value
         for key, value in node_options.items()
@@ -153,23 +199,14 @@ def _sentinel_client(url: str, settings: dict[str, Any]) -> redis.Redis:
         sentinel_options["username"] = query["sentinel_username"]
     if "sentinel_password" in query:
         sentinel_options["password"] = query["sentinel_password"]
-    sentinel = Sentinel(sentinels, sentinel_kwargs=sentinel_options, **node_options)  # type: ignore[no-untyped-call]
-    return cast(redis.Redis, sentinel.master_for(service, redis_class=redis.Redis))  # type: ignore[no-untyped-call]
+    sentinel = Sentinel(target.sentinels, sentinel_kwargs=sentinel_options, **node_options)  # type: ignore[no-untyped-call]
+    return cast(redis.Redis, sentinel.master_for(target.service, redis_class=redis.Redis))  # type: ignore[no-untyped-call]
 
 
 def _cluster_client(url: str, settings: dict[str, Any]) -> RedisCluster:
-    parts = urlsplit(url)
-    tls = parts.scheme.lower().startswith("rediss")
-    username, password, nodes = _hosts(parts.netloc, url, 6379)
-    if parts.path.strip("/") not in ("", "0"):
-        raise ConfigurationError(f"a Redis Cluster has database 0 only, got {_redacted(url)!r}")
-    options = {**settings, **_query_options(parts.query, tls)}
+    options = _node_options(url, settings)
     options.pop("db", None)
-    if username is not None:
-        options["username"] = username
-    if password is not None:
-        options["password"] = password
-    startup = [ClusterNode(host, port) for host, port in nodes]  # type: ignore[no-untyped-call]
+    startup = [ClusterNode(host, port) for host, port in parse_hosts(url, 6379)]  # type: ignore[no-untyped-call]
     try:
         # redis-py reads the cluster's slot map here, so an unreachable cluster fails now, not at first use.
         return RedisCluster(startup_nodes=startup, **options)

@@ -13,8 +13,8 @@ import numbers
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
-from urllib.parse import unquote, urlsplit
 
+from ..connect import check_url
 from ..errors import ConfigurationError
 from ..keys import MAX_SHARDS, Keyspace
 
@@ -30,9 +30,6 @@ DEFAULT_NAMESPACE = "celery"
 DEFAULT_THRESHOLDS: dict[str, float] = {"redis": 60.0, "sentinel": 60.0, "amqp": 60.0, "sqs": 900.0}
 """Seconds of delay above which a task is parked, per transport. SQS: its own ``DelaySeconds`` cap."""
 
-_REDIS_SCHEMES = ("redis", "rediss", "unix")
-SENTINEL_URL_SCHEMES = ("redis+sentinel", "rediss+sentinel")
-CLUSTER_URL_SCHEMES = ("redis+cluster", "rediss+cluster")
 """Our multi-host store URLs (see :mod:`delay_broker.connect`)."""
 
 
@@ -94,76 +91,15 @@ def _int(name: str, value: object, low: int, high: int) -> int:
     return value
 
 
-def parse_hosts(netloc: str, default_port: int) -> list[tuple[str, int]]:
-    """The ``host[:port]`` items of a multi-host URL's ``[user:password@]h1:p1,h2:p2`` part; ValueError if bad."""
-    hosts = netloc.rpartition("@")[2]
-    found = []
-    for item in hosts.split(","):
-        item = item.strip()
-        if item.startswith("["):  # [IPv6]:port
-            host, _, rest = item[1:].partition("]")
-            port = rest[1:] if rest.startswith(":") else ""
-        else:
-            host, _, port = item.rpartition(":") if ":" in item else (item, "", "")
-        if not host:
-            raise ValueError("a host is missing")
-        if port and not (port.isdigit() and 0 < int(port) < 65536):
-            raise ValueError(f"bad port {port!r}")
-        found.append((host, int(port) if port else default_port))
-    return found
-
-
-def sentinel_url_parts(url: str) -> tuple[list[tuple[str, int]], str, int]:
-    """The Sentinels, service name and database of a ``redis+sentinel://`` URL; ValueError if malformed."""
-    parts = urlsplit(url)
-    sentinels = parse_hosts(parts.netloc, 26379)
-    path = [unquote(piece) for piece in parts.path.split("/") if piece]
-    if not path or len(path) > 2:
-        raise ValueError("the path must name the master, e.g. redis+sentinel://host:26379/mymaster/0")
-    if len(path) == 2 and not path[1].isdigit():
-        raise ValueError(f"the database must be a number, got {path[1]!r}")
-    return sentinels, path[0], int(path[1]) if len(path) == 2 else 0
-
-
 def check_redis_url(url: object, what: str = "redis_url") -> str:
-    """A store URL (``redis://``, ``rediss://``, ``unix://``, ``redis+sentinel://``, ``redis+cluster://``
-    and their TLS forms), or a ConfigurationError saying what is wrong. Nothing is connected to."""
+    """A store URL :func:`delay_broker.connect.client_from_url` takes, or a ConfigurationError naming the option.
+    Nothing is connected to."""
     if not isinstance(url, str) or not url:
         raise ConfigurationError(f"delay_broker option {what!r} must be a non-empty URL string, got {url!r}")
-    scheme = url.split("://", 1)[0].lower() if "://" in url else ""
-    if scheme in SENTINEL_URL_SCHEMES or scheme in CLUSTER_URL_SCHEMES:
-        return _check_multi_host_url(url, scheme, what)
     try:
-        parts = urlsplit(url)
-        port = parts.port  # raises ValueError for a bad port
-    except ValueError as error:
-        raise ConfigurationError(f"delay_broker option {what!r} is not a valid URL ({error}): {url!r}") from None
-    if parts.scheme not in _REDIS_SCHEMES:
-        raise ConfigurationError(
-            f"delay_broker option {what!r} must start with redis://, rediss://, unix://, redis+sentinel:// or "
-            f"redis+cluster://, got {url!r}"
-        )
-    if parts.scheme != "unix" and not parts.hostname:
-        raise ConfigurationError(f"delay_broker option {what!r} has no host: {url!r}")
-    path = parts.path.strip("/")
-    if parts.scheme != "unix" and path and not path.isdigit():
-        raise ConfigurationError(f"delay_broker option {what!r}: the database must be a number, got {path!r}")
-    del port
-    return url
-
-
-def _check_multi_host_url(url: str, scheme: str, what: str) -> str:
-    parts = urlsplit(url)
-    try:
-        if scheme in SENTINEL_URL_SCHEMES:
-            sentinel_url_parts(url)
-        else:
-            parse_hosts(parts.netloc, 6379)
-            if parts.path.strip("/") not in ("", "0"):
-                raise ValueError("a Redis Cluster has database 0 only")
-    except ValueError as error:
-        raise ConfigurationError(f"delay_broker option {what!r} is not a valid {scheme}:// URL ({error})") from None
-    return url
+        return check_url(url)
+    except ConfigurationError as error:
+        raise ConfigurationError(f"delay_broker option {what!r}: {error}") from None
 
 
 def parse_options(raw: object) -> CeleryOptions:

@@ -19,10 +19,10 @@ import redis
 from kombu.utils.url import url_to_parts
 from redis.sentinel import Sentinel
 
-from ..connect import CLIENT_DEFAULTS, AnyRedis, client_from_url
+from ..connect import CLIENT_DEFAULTS, CLUSTER_SCHEMES, SENTINEL_SCHEMES, AnyRedis, client_from_url, parse_sentinel_url
 from ..errors import ConfigurationError
 from ..store import DelayStore
-from .config import CLUSTER_URL_SCHEMES, SENTINEL_URL_SCHEMES, CeleryOptions, Kind, sentinel_url_parts
+from .config import CeleryOptions, Kind
 
 SENTINEL_PORT = 26379
 """kombu's default port of a ``sentinel://`` URL (``SentinelTransport.default_port``)."""
@@ -56,11 +56,11 @@ Address = RedisAddress | SentinelAddress
 def address_of_url(url: str) -> Address | None:
     """Where a store URL points; None for a Redis Cluster (never the broker's Redis)."""
     scheme = url.split("://", 1)[0].lower()
-    if scheme in CLUSTER_URL_SCHEMES:
+    if scheme in CLUSTER_SCHEMES:
         return None
-    if scheme in SENTINEL_URL_SCHEMES:
-        sentinels, service, db = sentinel_url_parts(url)
-        return SentinelAddress(frozenset(sentinels), service, db)
+    if scheme in SENTINEL_SCHEMES:
+        target = parse_sentinel_url(url)
+        return SentinelAddress(frozenset(target.sentinels), target.service, target.db)
     parts = urlsplit(url)
     if parts.scheme == "unix":
         return RedisAddress("", 0, int(dict(parse_qsl(parts.query)).get("db", "0")), parts.path)
