@@ -148,8 +148,13 @@ def deployment(request: pytest.FixtureRequest, redis_server: EmbeddedRedis) -> I
         env["DB_RABBIT_URL"] = request.getfixturevalue("rabbitmq").pika_url
     if kind == "sqs":
         env["DB_SQS_ENDPOINT"] = request.getfixturevalue("sqs").endpoint_url
+    yield from running(kind, env, redis_server.url)
+
+
+def running(kind: str, env: dict[str, str], records_url: str) -> Iterator[Deployment]:
+    """Build the producer-side app, start two worker processes, wait for them to boot; stop them after."""
     app = build(env)
-    records = redis.Redis.from_url(redis_server.url)
+    records = redis.Redis.from_url(records_url)
     log = Path(tempfile.mkstemp(prefix=f"delay-broker-dramatiq-{kind}-", suffix=".log")[1])
     process = start_workers(env, log)
     deployment = Deployment(kind, env, app, records, process, log)
@@ -163,6 +168,7 @@ def deployment(request: pytest.FixtureRequest, redis_server: EmbeddedRedis) -> I
     finally:
         stop_workers(process)
         app.broker.close()
+        records.delete(env["DB_RECORD_KEY"])
         records.close()
         log.unlink(missing_ok=True)
 

@@ -4,21 +4,17 @@ Cluster (RabbitmqBroker, at-least-once), and a RedisBroker behind Sentinel with 
 
 from __future__ import annotations
 
-import tempfile
 import time
 import uuid
 from collections import Counter
 from collections.abc import Iterator
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import pytest
-import redis
 
 from delay_broker.embedded import EmbeddedRedis
 
-from .dramatiq_apps.app import App, build
-from .test_dramatiq_brokers import Deployment, now_ms, start_workers, stop_workers, wait_for
+from .test_dramatiq_brokers import Deployment, now_ms, running, wait_for
 
 if TYPE_CHECKING:
     from .ha_servers import RedisClusterServers, SentinelSet
@@ -40,24 +36,7 @@ def deploy(kind: str, env: dict[str, str], records_url: str) -> Iterator[Deploym
         "DB_QUEUES": f"ha_{unique}",
         **env,
     }
-    app: App = build(env)
-    records = redis.Redis.from_url(records_url)
-    log = Path(tempfile.mkstemp(prefix=f"delay-broker-dramatiq-ha-{kind}-", suffix=".log")[1])
-    process = start_workers(env, log)
-    deployment = Deployment(kind, env, app, records, process, log)
-    try:
-        boots = lambda: sum(event["event"] == "boot" for event in deployment.events()) >= 2  # noqa: E731
-        try:
-            wait_for(boots, 90, "two worker processes booted")
-        except AssertionError:
-            raise AssertionError(f"workers did not boot:\n{deployment.tail()}") from None
-        yield deployment
-    finally:
-        stop_workers(process)
-        app.broker.close()
-        records.delete(env["DB_RECORD_KEY"])
-        records.close()
-        log.unlink(missing_ok=True)
+    yield from running(kind, env, records_url)
 
 
 def send_and_check(deployment: Deployment, count: int, between: Any = None) -> None:

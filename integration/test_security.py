@@ -48,8 +48,7 @@ CLIENT_COMMANDS = (
     "blpop",  # a sleeping promoter waits on the wake lists
     "lpush",  # Promoter.stop() wakes its own sleeper (and the scripts' wake marker, the lpush targets)
     "expire",  # ... whose stop marker expires by itself
-    "multi",  # ... both in one transaction
-    "exec",
+    "get",  # the namespace's shard count, read once per store
     "zrem",  # a stopped promoter removes its heartbeat (also used inside scripts)
     "del",  # ... and its stop marker
     "ping",  # health checks of clients made by DelayStore.from_url (health_check_interval)
@@ -75,7 +74,7 @@ SCRIPT_COMMANDS = (
     "hincrby",
     "hgetall",
     "rpush",  # targets in "rpush" and "hash" mode
-    "ltrim",
+    "lrem",  # a wake token is kept once per shard
 )
 """Commands Redis runs for delay_broker: Redis checks a script's own calls against the ACL too."""
 
