@@ -34,6 +34,7 @@ import redis
 from redis.cluster import RedisCluster
 
 from delay_broker.embedded import free_port
+from tests.helpers import wait_for
 
 HOST = "127.0.0.1"
 CLUSTER_BUS_OFFSET = 10000
@@ -145,14 +146,6 @@ def free_cluster_port(taken: set[int]) -> int:
     raise RuntimeError("found no free port pair (port, port + 10000) on 127.0.0.1")
 
 
-def _wait(ready: Callable[[], bool], timeout: float, what: str, interval: float = 0.05) -> None:
-    deadline = time.monotonic() + timeout
-    while not ready():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{what} within {timeout:.0f} s")
-        time.sleep(interval)
-
-
 def _info(client: redis.Redis, section: str) -> dict[str, str]:
     """``INFO <section>`` with every value as a string (redis-py parses numbers)."""
     return {str(key): str(_text(value)) for key, value in client.info(section).items()}
@@ -192,7 +185,7 @@ class ServerProcess:
         with _registry_lock:
             _running[self.process.pid] = self
         try:
-            _wait(self._ready, timeout, f"{self.name} did not answer PING on port {self.port}")
+            wait_for(self._ready, timeout, f"{self.name} did not answer PING on port {self.port}")
         except BaseException:
             self.stop()
             raise
@@ -320,7 +313,7 @@ class RedisClusterServers:
             for index in range(self.masters):
                 self.nodes.append(_start_with_fresh_ports(lambda index=index: self._node(index)))
             self._create(timeout)
-            _wait(self._converged, timeout, "the cluster did not reach cluster_state:ok on every node")
+            wait_for(self._converged, timeout, "the cluster did not reach cluster_state:ok on every node")
         except BaseException:
             self.close()
             raise
@@ -532,7 +525,7 @@ class SentinelSet:
             self.data_nodes.append(master)
             replica = _start_with_fresh_ports(lambda: self._data_node("node1", ["--replicaof", HOST, str(master.port)]))
             self.data_nodes.append(replica)
-            _wait(
+            wait_for(
                 lambda: self._replicating(master, replica),
                 timeout,
                 f"the replica did not sync with the master\n{replica.log_tail()}",
@@ -542,7 +535,7 @@ class SentinelSet:
                 self._ask_sentinel(
                     "SENTINEL", "DEBUG", *(str(item) for pair in SENTINEL_TIMERS.items() for item in pair)
                 )
-            _wait(lambda: self._sentinel_healthy(master, replica), timeout, "the Sentinel did not see the replica")
+            wait_for(lambda: self._sentinel_healthy(master, replica), timeout, "the Sentinel did not see the replica")
         except BaseException:
             self.close()
             raise
@@ -645,7 +638,7 @@ class SentinelSet:
         old = self.master_node()
         new = next(node for node in self.data_nodes if node is not old)
         self._ask_sentinel("SENTINEL", "FAILOVER", self.service)
-        _wait(
+        wait_for(
             lambda: (
                 self.master_address()[1] == new.port
                 and self._replicating(new, old)
