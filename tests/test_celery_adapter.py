@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import time
 import uuid
 from collections.abc import Iterator
@@ -17,7 +18,7 @@ from celery.utils.time import maybe_iso8601, maybe_make_aware
 from kombu import Connection
 
 from delay_broker import ConfigurationError, DelayStore, Envelope
-from delay_broker.celery import TRANSPORT_AMQP, TRANSPORT_REDIS, build_promoter, cancel, install, parse_options
+from delay_broker.celery import TRANSPORT_REDIS, build_promoter, cancel, install, parse_options
 from delay_broker.celery.messages import parse_celery_time
 from delay_broker.embedded import EmbeddedRedis
 
@@ -101,9 +102,10 @@ def test_install_fails_at_once_on_bad_configuration(redis_server: EmbeddedRedis)
     with pytest.raises(ConfigurationError, match="unknown delay_broker option"):
         install(app, thresold=5)
     amqp_app = Celery("bad2", broker="amqp://guest@127.0.0.1:1//", set_as_current=False)
+    before = (amqp_app.conf.broker_transport, amqp_app.conf.broker_transport_options)
     with pytest.raises(ConfigurationError, match="needs a 'redis_url'"):
         install(amqp_app)
-    assert amqp_app.conf.broker_transport == TRANSPORT_AMQP
+    assert (amqp_app.conf.broker_transport, amqp_app.conf.broker_transport_options) == before, "nothing changed"
 
 
 def test_transport_refuses_bad_options_when_created(redis_server: EmbeddedRedis) -> None:
@@ -195,6 +197,16 @@ def test_cancel_and_revoke_remove_parked_tasks(app: Celery, redis_server: Embedd
     app.control.revoke(two.id)
     three.revoke()
     assert store.get(one.id) is None and store.get(two.id) is None and store.get(three.id) is None
+
+
+def test_a_task_that_expires_before_it_is_due_is_parked_and_logged_at_info(
+    app: Celery, redis_server: EmbeddedRedis, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.INFO, logger="delay_broker.celery"):
+        result = app.tasks["t.add"].apply_async((1, 2), countdown=60, expires=30)
+    assert store_of(app, redis_server).get(result.id) is not None
+    lines = [record for record in caplog.records if "expires at" in record.getMessage()]
+    assert len(lines) == 1 and lines[0].levelno == logging.INFO and result.id in lines[0].getMessage()
 
 
 def test_revoke_of_some_workers_only_keeps_the_task_parked(app: Celery, redis_server: EmbeddedRedis) -> None:

@@ -156,6 +156,37 @@ def test_an_earlier_park_wakes_a_sleeping_promoter(store, client, ready_key):
     assert latency_ms < 2000, "woken by the park, not by max_idle (20 s)"
 
 
+def test_a_promoter_with_no_route_yet_waits_without_errors_and_serves_routes_declared_later(store, client, ready_key):
+    # A Dramatiq worker boots its promoter before any actor (and so any queue) is declared.
+    deliverer = DirectLists({})
+    promoter = Promoter(store, deliverer, max_idle=0.2).start()
+    try:
+        time.sleep(0.6)
+        assert promoter.counters.errors == 0 and promoter.counters.cycles >= 2
+        deliverer.routes["ready"] = ListTarget(ready_key)
+        store.park("declared-later", envelope(b"late"), delay=0)
+        popped = client.blpop([ready_key], timeout=5)
+    finally:
+        promoter.stop()
+    assert popped is not None and popped[1] == b"late" and promoter.counters.errors == 0
+
+
+def test_sharded_store_on_one_server_promotes_every_shard_and_wakes_per_shard(redis_server, namespace, ready_key):
+    client = redis_server.client()
+    store = DelayStore(client, namespace=namespace, shards=5)
+    promoter = Promoter(store, direct(ready_key), max_idle=20).start()
+    try:
+        time.sleep(0.5)  # asleep, nothing parked
+        ids = [f"s-{n}" for n in range(50)]
+        assert len({store.shard_for(id) for id in ids}) == 5
+        store.park_many([ParkRequest(id, envelope(id.encode()), delay=0.3) for id in ids])
+        wait_for(lambda: client.llen(ready_key) == 50, timeout=5, what="every shard promoted, well before max_idle")
+        assert sorted(item.decode() for item in client.lrange(ready_key, 0, -1)) == sorted(ids)
+    finally:
+        promoter.stop()
+        client.delete(ready_key, *(key for space in store.shards for key in space.all()))
+
+
 def test_a_far_future_park_wakes_nobody(store, client):
     store.park("soon", envelope(), delay=60)
     client.delete(store.keys.wake)

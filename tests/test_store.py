@@ -238,6 +238,16 @@ def test_expired_lease_goes_back_and_old_holder_cannot_ack(store):
     assert store.ack(second.lease_deadline_ms, ["job"]) == 1
 
 
+def test_a_message_parked_again_while_in_flight_counts_as_promoted_once(store):
+    # A Dramatiq retry re-parks the same id while the promoter that delivered it still holds the lease.
+    store.park("job", envelope(), delay=0)
+    claim = store.claim(10, lease=30, promoter_id="p")
+    assert store.park("job", envelope(b"retry"), delay=60).outcome == "replaced"
+    assert store.ack(claim.lease_deadline_ms, ["job"]) == 0, "the lease is gone with the re-park"
+    stats = store.stats()
+    assert stats.counters["promoted"] == 1 and stats.parked == 1 and stats.inflight == 0
+
+
 def test_nack_backoff_dead_letter_and_requeue(store, client, ready_key):
     store.park("job", envelope(b"p"), delay=0)
     for attempt in range(1, 3):

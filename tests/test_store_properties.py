@@ -114,6 +114,8 @@ class StoreMachine(RuleBasedStateMachine):
             assert (result.due_ms == -1) == (existing.state != "due")
             return
         assert result.outcome == ("replaced" if existing else "new")
+        if existing is not None and existing.state == "inflight":
+            self.counters["promoted"] += 1  # its delivery was under way: counted as promoted by the re-park
         self.model[id] = Entry("due", payload, ready=now)
         self.counters["parked"] += 1
         TALLY["parks"] += 1

@@ -113,12 +113,19 @@ def install(app: Any, **options: Any) -> CeleryOptions:
             f"delay_broker supports redis://, sentinel://, amqp:// and sqs:// brokers, not {scheme}://"
         )
     transport_options[OPTIONS_KEY] = raw
+    previous = (app.conf.broker_transport, app.conf.broker_transport_options)
     app.conf.broker_transport = _transport_path(kind)
     app.conf.broker_transport_options = transport_options
+    try:
+        checked = validate(app)
+    except ConfigurationError:
+        # A refused install leaves the app as it was: a caller that catches the error keeps a working app.
+        app.conf.broker_transport, app.conf.broker_transport_options = previous
+        raise
     from .bootstep import PromoterStep
 
     app.steps["worker"].add(PromoterStep)
-    return validate(app)
+    return checked
 
 
 def store_for(app: Any, options: CeleryOptions | None = None) -> DelayStore:

@@ -70,7 +70,7 @@ class Parker:
             return
         self.store.park(info.id, envelope, due=due)
         if info.expires is not None and info.expires <= due:
-            logger.debug(
+            logger.info(
                 "delay_broker: task %s[%s] expires at %s, before it is due at %s: Celery will discard it on delivery",
                 info.name,
                 info.id,

@@ -77,6 +77,7 @@ local head = head_due(DUE)
 local earliest = false
 local result = {}
 local parked = 0
+local delivered = 0
 for n = 1, count do
     local i = 4 + (n - 1) * 4
     local id = ARGV[i]
@@ -89,7 +90,9 @@ for n = 1, count do
     else
         if held then
             outcome = 2
-            redis.call('ZREM', INFLIGHT, id)
+            -- Parked again while a promoter holds it: its delivery is under way or done (a Dramatiq retry
+            -- re-parks the same id), and that promoter's ack will find no lease to count. Count it here.
+            delivered = delivered + redis.call('ZREM', INFLIGHT, id)
             redis.call('HDEL', LEASED, id)
             redis.call('ZREM', DEAD, id)
             redis.call('HDEL', ATTEMPTS, id)
@@ -108,6 +111,9 @@ end
 
 if parked > 0 then
     redis.call('HINCRBY', STATS, 'parked', parked)
+end
+if delivered > 0 then
+    redis.call('HINCRBY', STATS, 'promoted', delivered)
 end
 local woke = 0
 if earliest and (not head or earliest < head) then
