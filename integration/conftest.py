@@ -14,8 +14,14 @@ import pytest
 
 from delay_broker.embedded import EmbeddedRedis
 
-from .ha_servers import RedisClusterServers, SentinelSet
+from .ha_servers import RedisClusterServers, SentinelSet, install_handlers
 from .servers import AWS_TEST_ENV, MotoServer, RabbitNode
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # SIGTERM to pytest (a CI job cancelled, scripts/test killed) becomes KeyboardInterrupt, so session fixtures
+    # are torn down and every private rabbitmq-server, moto and redis-server is stopped.
+    install_handlers()
 
 
 @pytest.fixture(scope="session")

@@ -51,7 +51,7 @@ _directories: set[Path] = set()
 _handlers_installed = False
 
 
-def _install_handlers() -> None:
+def install_handlers() -> None:
     """Once per process: the atexit clean-up and, if SIGTERM still has Python's default, a SIGTERM handler."""
     global _handlers_installed
     with _registry_lock:
@@ -167,7 +167,7 @@ class ServerProcess:
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self, timeout: float = 20.0) -> ServerProcess:
-        _install_handlers()
+        install_handlers()
         self.directory.mkdir(parents=True, exist_ok=True)
         command = [_executable("redis-server"), *self.arguments]
         setpriv = shutil.which("setpriv")
