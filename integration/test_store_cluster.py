@@ -120,6 +120,20 @@ def test_promoters_serve_every_shard_and_wake_for_any_of_them(
     assert not any(promoter.running for promoter in promoters), "stop() works on a cluster"
 
 
+def test_the_hash_layout_deliverer_works_across_slots(store: DelayStore, namespace: str) -> None:
+    # Dramatiq's RedisBroker layout: payload in <queue>.msgs, id pushed to <queue>; two slots on a cluster.
+    queue = f"{namespace}:q"
+    deliverer = ListDeliverer(store.client, {"q": ListTarget(queue, mode="hash", hash_key=f"{queue}.msgs")})
+    store.park("h-1", Envelope(route="q", payload=b"body", hash_field="field-1"), delay=0)
+    promoter = Promoter(store, deliverer, max_idle=1.0).start()
+    try:
+        wait(lambda: store.client.llen(queue) == 1, what="delivered")
+    finally:
+        promoter.stop()
+    assert store.client.hget(f"{queue}.msgs", "field-1") == b"body" and promoter.counters.errors == 0
+    store.client.delete(queue, f"{queue}.msgs")
+
+
 def test_dead_letters_and_schedules_across_shards(store: DelayStore) -> None:
     store.park_many([ParkRequest(f"d-{n}", envelope(), delay=0) for n in range(20)])
     for shard in range(SHARDS):
