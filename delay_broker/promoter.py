@@ -127,6 +127,7 @@ class Promoter:
         self._redis_down = False
         self._failures = 0
         self._look_at: list[float] = []
+        self._layout_checked = time.monotonic()
         """Per shard: the monotonic time of the next look."""
         if isinstance(deliverer, DirectDeliverer):
             # A layout that cannot work (exactly-once on a Cluster, targets outside the slot) fails here, at
@@ -232,10 +233,13 @@ class Promoter:
     def _promote_once(self) -> tuple[bool, float]:
         """Promotes on every shard that needs a look; returns whether a batch was full and how long (s) until
         the next look."""
+        started = time.monotonic()
+        if started - self._layout_checked >= self.max_idle:
+            self._layout_checked = started
+            self.store.refresh_layout()
         shards = len(self.store.shards)
         if len(self._look_at) != shards:
             self._look_at = [0.0] * shards
-        started = time.monotonic()
         any_full = False
         for shard in range(shards):
             if self._look_at[shard] > started:

@@ -36,7 +36,11 @@ _EXPLANATIONS: dict[str, tuple[type[StoreRefused], str]] = {
         "the server is a read-only replica (a failover is under way, or the URL names a replica)",
     ),
     "LOADING": (StoreLoading, "Redis is loading its data set from disk and cannot serve yet"),
-    "MOVED": (WrongNode, "the key's slot lives on another Redis Cluster node: use a redis+cluster:// URL"),
+    "MOVED": (
+        WrongNode,
+        "the key's slot lives on another Redis Cluster node (a URL naming one node of a cluster needs "
+        "redis+cluster://; with a cluster client, the slot has just moved)",
+    ),
     "ASK": (WrongNode, "the key's slot is migrating between Redis Cluster nodes"),
     "CROSSSLOT": (WrongNode, "keys of one operation are in different Redis Cluster slots"),
     "CLUSTERDOWN": (WrongNode, "the Redis Cluster is down or does not serve this slot"),
@@ -50,8 +54,10 @@ _CLUSTER_REPLIES: tuple[tuple[type[redis.RedisError], str], ...] = (
     (redis.exceptions.ClusterCrossSlotError, "CROSSSLOT"),
     (redis.exceptions.ClusterDownError, "CLUSTERDOWN"),
 )
-_CODE = re.compile(r"(?:^|[\s:\-(])(" + "|".join(_EXPLANATIONS) + r")\b")
-_OURS = ("WRONGTYPE key", "ERR malformed record", "ERR a scheduled occurrence")
+# Where each version puts the code of an error a script's redis.call raised: first (7.x, 8.x), or after Redis
+# 6.2's "Error running script (...): @user_script:49: @user_script: 49: -". Nowhere else: the rest of a message
+# can hold user data (a schedule named "nightly-LOADING").
+_CODE = re.compile(r"(?:^|@user_script: ?\d+: -)(" + "|".join(_EXPLANATIONS) + r")\b")
 
 
 def translate(error: redis.RedisError | RedisClusterException, doing: str) -> DelayBrokerError:
@@ -74,10 +80,9 @@ def translate(error: redis.RedisError | RedisClusterException, doing: str) -> De
         if "delay_broker: " in text:
             # The scripts' own input errors ("delay_broker: due time of ..."; key names have no space there).
             return InvalidDelay(text.split("delay_broker: ", 1)[1].strip())
-        if not text.startswith(_OURS):
-            match = _CODE.search(text)
-            if match:
-                return _refused(match.group(1), doing, text)
+        match = _CODE.search(text)
+        if match:
+            return _refused(match.group(1), doing, text)
     if isinstance(error, redis.exceptions.ClusterError):
         return StoreUnavailable(f"Redis Cluster unavailable during {doing}: {text}")
     # A key of the wrong type, a missing permission: as Redis said it, with the key names it gave.

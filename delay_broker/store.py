@@ -16,7 +16,7 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from datetime import datetime
 from typing import Any, Literal
 
@@ -140,6 +140,7 @@ class DelayStore:
         self._layout_lock = threading.Lock()
         self._master: tuple[str, int] | None = None
         self._wake_tokens: dict[bytes, int] = {}
+        self._layout_recorded = False
         self._scripts = {name: client.register_script(scripts.source(name)) for name in scripts.NAMES}
 
     @classmethod
@@ -195,21 +196,37 @@ class DelayStore:
         if self._shards is None:
             with self._layout_lock:
                 if self._shards is None:
-                    count = self._resolve_layout(doing)
-                    self._shards = Keyspace.shards_of(self.keys.namespace, self.keys.prefix, count)
-                    self._wake_tokens = {space.wake.encode(): n for n, space in enumerate(self._shards)}
+                    self._use_layout(self._resolve_layout(doing))
                     with contextlib.suppress(redis.RedisError):
                         self._master = master_address(self.client)
         assert self._shards is not None
         return self._shards
 
+    def _use_layout(self, count: int) -> None:
+        self._shards = Keyspace.shards_of(self.keys.namespace, self.keys.prefix, count)
+        self._wake_tokens = {space.wake.encode(): n for n, space in enumerate(self._shards)}
+
+    def refresh_layout(self) -> None:
+        """Read the shard count again while the namespace has none recorded (promoters call it every
+        ``max_idle``): a store that took the default of one shard then serves the shards a later process
+        recorded. A recorded count never changes, so this costs nothing once there is one."""
+        if self._layout_recorded or self._shards is None:
+            return
+        with self._layout_lock:
+            count = self._resolve_layout("reading the shard layout")
+            if count != len(self._shards):
+                logger.info("Store %r: the namespace now has %d shards.", self.keys.namespace, count)
+                self._use_layout(count)
+
     def _resolve_layout(self, doing: str) -> int:
         wanted = self._requested_shards
         with self._redis(doing):
             recorded = self.client.get(self.keys.layout)
-            if recorded is None and wanted is not None and wanted > 1:
+            if recorded is None and wanted is not None:
+                # Recorded even when it is 1: a later process given another number is refused, not obeyed.
                 self.client.set(self.keys.layout, wanted, nx=True)
                 recorded = self.client.get(self.keys.layout)
+        self._layout_recorded = recorded is not None
         try:
             have = 1 if recorded is None else int(recorded)
         except ValueError:
@@ -243,11 +260,25 @@ class DelayStore:
         node = self.client.get_node_from_key(space.due)  # type: ignore[union-attr]
         return self.client.get_redis_connection(node)  # type: ignore[union-attr]
 
+    def _on_shard_master(self, space: Keyspace, call: Callable[[redis.Redis], Any]) -> Any:
+        """``call`` with a client of the shard's master. On a Cluster whose slot moved (failover, resharding)
+        the slot map is read again and the call made once more: the per-node client cannot follow ``MOVED``."""
+        try:
+            return call(self._shard_client(space))
+        except (redis.exceptions.AskError, redis.ConnectionError, redis.TimeoutError):
+            if not self.cluster:
+                raise
+            self.client.nodes_manager.initialize()  # type: ignore[union-attr]
+            return call(self._shard_client(space))
+
     def _run_replicated(self, name: str, space: Keyspace, keys: list[str], args: Sequence[Any]) -> Any:
-        pipe = self._shard_client(space).pipeline(transaction=False)
-        self._scripts[name](keys=keys, args=args, client=pipe)
-        pipe.wait(self.replicas, self.replica_timeout_ms)
-        reply, confirmed = pipe.execute()
+        def write_and_wait(client: redis.Redis) -> list[Any]:
+            pipe = client.pipeline(transaction=False)
+            self._scripts[name](keys=keys, args=args, client=pipe)
+            pipe.wait(self.replicas, self.replica_timeout_ms)
+            return pipe.execute()
+
+        reply, confirmed = self._on_shard_master(space, write_and_wait)
         if int(confirmed) < self.replicas:
             raise NotReplicated(
                 f"{name} was written on the master but confirmed by {confirmed} of {self.replicas} replica(s) "
@@ -261,7 +292,11 @@ class DelayStore:
         if not self.replicas:
             return
         with self._redis(doing):
-            confirmed = int(self._shard_client(self.shards[shard]).wait(self.replicas, self.replica_timeout_ms))
+            confirmed = int(
+                self._on_shard_master(
+                    self.shards[shard], lambda client: client.wait(self.replicas, self.replica_timeout_ms)
+                )
+            )
         if confirmed < self.replicas:
             raise NotReplicated(
                 f"not {doing}: the master has {confirmed} of {self.replicas} in-sync replica(s) (a failover may be "
@@ -577,7 +612,13 @@ class DelayStore:
         Expired leases of other promoters are given back first. Deliver each message, then :meth:`ack` it
         (or :meth:`nack` it) with the claim's ``lease_deadline_ms`` and ``shard`` before the lease runs out.
         """
-        reply = self._run("claim", shard, [_batch(batch), delay_to_ms(lease), self.max_attempts, promoter_id])
+        # Durable stores check for an in-sync replica first and do not WAIT after: a claim whose WAIT failed would
+        # hold messages it never hands over until their lease expires and counts an attempt. A claim lost in a
+        # failover only means a redelivery, which at-least-once allows; acks still WAIT.
+        self._require_replicas(shard, "claiming")
+        reply = self._run(
+            "claim", shard, [_batch(batch), delay_to_ms(lease), self.max_attempts, promoter_id], write=False
+        )
         messages = []
         for n in range(3, len(reply), 3):
             id, score, raw = reply[n].decode(), float(reply[n + 1]), reply[n + 2]

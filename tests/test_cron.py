@@ -11,7 +11,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 import redis
 
-from delay_broker import DelayStore
+from delay_broker import DelayStore, StoreError
 from delay_broker.clock import due_to_ms
 from delay_broker.cron import CronScheduler, Schedule, occurrence_id
 from delay_broker.deliverers import DirectLists
@@ -107,6 +107,15 @@ def test_a_malformed_schedule_record_is_reported_and_nothing_is_parked(store: De
     assert store.schedules() == {"report": None}
     assert store.forget_schedule("report") and store.schedules() == {}
     assert store.park_occurrence("report", "r1", payload_of("r1", due), due).outcome == "new"
+
+
+@pytest.mark.parametrize("name", ["nightly-LOADING", "billing:OOM", "READONLY"])
+def test_a_schedule_named_like_a_redis_refusal_is_not_taken_for_one(store: DelayStore, client: redis.Redis, name: str):
+    client.hset(store.keys.cron, name, "garbage")
+    due = datetime.now(timezone.utc) + timedelta(hours=1)
+    with pytest.raises(DelayBrokerError, match="malformed record") as raised:
+        store.park_occurrence(name, "r1", payload_of("r1", due), due)
+    assert not isinstance(raised.value, StoreError), "a bad record, not an outage to back off from"
 
 
 def test_a_cron_key_of_the_wrong_type_stops_scheduled_parks_only(store: DelayStore, client: redis.Redis):

@@ -12,12 +12,14 @@ import pytest
 import redis
 
 from delay_broker import (
+    ConfigurationError,
     DelayBrokerError,
     DelayStore,
     Envelope,
     InvalidDelay,
     InvalidMessage,
     ListTarget,
+    NotReplicated,
     ParkRequest,
     PayloadTooLarge,
     StoreUnavailable,
@@ -359,3 +361,33 @@ def test_reschedule_refuses_a_wrong_type_key_before_changing_anything(store, cli
         store.reschedule("job", delay=0, envelope=envelope(b"new"))
     assert client.zscore(store.keys.due, "job") == before
     assert store.get("job").envelope.payload == b"old"
+
+
+def test_a_durable_store_does_not_claim_on_a_master_without_its_replicas(store: DelayStore, client: redis.Redis):
+    durable = DelayStore(client, namespace=store.keys.namespace, replicas=1, replica_timeout=0.05)
+    store.park_many([ParkRequest(f"m{n}", envelope(), delay=0) for n in range(3)])
+    with pytest.raises(NotReplicated, match="not claiming: the master has 0 of 1"):
+        durable.claim(10, lease=0.05, promoter_id="p")
+    stats = store.stats()
+    assert (stats.parked, stats.inflight, stats.dead) == (3, 0, 0), "nothing held, nothing counted"
+    assert all(store.get(f"m{n}").attempts == 0 for n in range(3))  # type: ignore[union-attr]
+
+
+def test_the_shard_count_is_recorded_once_and_followed_by_stores_that_took_the_default(
+    client: redis.Redis, namespace: str
+):
+    early = DelayStore(client, namespace=namespace)  # no count given, none recorded: one shard for now
+    assert len(early.shards) == 1
+    sharded = DelayStore(client, namespace=namespace, shards=4)
+    sharded.park_many([ParkRequest(f"s{n}", envelope(), delay=60) for n in range(20)])
+    early.refresh_layout()
+    assert len(early.shards) == 4 and early.stats().parked == 20 and early.get("s7") is not None
+    with pytest.raises(ConfigurationError, match="has 4 shard"):
+        DelayStore(client, namespace=namespace, shards=1).stats()
+    one = f"{namespace}-one"
+    DelayStore(client, namespace=one, shards=1).stats()
+    with pytest.raises(ConfigurationError, match="has 1 shard"):
+        DelayStore(client, namespace=one, shards=4).stats()
+    client.delete(
+        *(key for space in sharded.shards for key in space.all()), *DelayStore(client, namespace=one).keys.all()
+    )
