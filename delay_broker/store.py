@@ -272,9 +272,14 @@ class DelayStore:
             return call(self._shard_client(space))
 
     def _run_replicated(self, name: str, space: Keyspace, keys: list[str], args: Sequence[Any]) -> Any:
+        return self._replicated(name, space, lambda pipe: self._scripts[name](keys=keys, args=args, client=pipe))
+
+    def _replicated(self, name: str, space: Keyspace, write: Callable[[Any], object]) -> Any:
+        """``write`` (into a pipeline) followed by ``WAIT`` on the same connection to the shard's master."""
+
         def write_and_wait(client: redis.Redis) -> list[Any]:
             pipe = client.pipeline(transaction=False)
-            self._scripts[name](keys=keys, args=args, client=pipe)
+            write(pipe)
             pipe.wait(self.replicas, self.replica_timeout_ms)
             return pipe.execute()
 
@@ -459,7 +464,10 @@ class DelayStore:
         names = [route for route in routes if isinstance(route, str) and route]
         if names:
             with self._redis("recording routes"):
-                self.client.sadd(self.keys.routes, *names)
+                if self.replicas:
+                    self._replicated("recording routes", self.keys, lambda pipe: pipe.sadd(self.keys.routes, *names))
+                else:
+                    self.client.sadd(self.keys.routes, *names)
 
     def recorded_routes(self) -> set[str]:
         with self._redis("reading routes"):

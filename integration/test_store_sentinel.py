@@ -96,6 +96,11 @@ def test_durable_writes_wait_for_the_replica(redis_sentinel: SentinelSet, namesp
             stricter.park("d-2", envelope(), delay=3600)
         with pytest.raises(NotReplicated, match="1 of 2 in-sync"):
             stricter.promote_direct({"ready": ListTarget(f"{namespace}:ready")}, 10, "p")
+        with pytest.raises(NotReplicated, match="not claiming"):
+            stricter.claim(10, 30, "p")
+        durable.record_routes(["celery-queue"])  # the routes a Celery producer records are durable too
+        with pytest.raises(NotReplicated, match="recording routes"):
+            stricter.record_routes(["other-queue"])
         stricter.client.close()
     finally:
         redis_sentinel.master_client().delete(*durable.keys.all())
