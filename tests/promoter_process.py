@@ -4,6 +4,9 @@
 
 ``--lease-mode`` delivers at-least-once through a separate RPUSH per message (claim, push, ack), so a kill
 between push and ack shows what the lease recovers; without it the exactly-once script is used.
+
+``REDIS_URL`` may also be a ``redis+cluster://`` or ``redis+sentinel://`` URL (the HA chaos tests); the store
+then reads the namespace's shard count, and the target list is pushed through the same client.
 """
 
 from __future__ import annotations
@@ -15,13 +18,14 @@ import time
 import redis
 
 from delay_broker import ClaimedMessage, DelayStore, ListTarget, Promoter
+from delay_broker.connect import CLUSTER_SCHEMES, SENTINEL_SCHEMES, AnyRedis, client_from_url
 from delay_broker.deliverers import DirectLists, ListDeliverer
 
 
 class SlowListDeliverer(ListDeliverer):
     """Sleeps before each push so that a kill lands in the middle of a batch."""
 
-    def __init__(self, client: redis.Redis, target: ListTarget, pause: float) -> None:
+    def __init__(self, client: AnyRedis, target: ListTarget, pause: float) -> None:
         super().__init__(client, {"ready": target})
         self.pause = pause
 
@@ -29,6 +33,14 @@ class SlowListDeliverer(ListDeliverer):
         if self.pause:
             time.sleep(self.pause)
         super().deliver(message)
+
+
+def make_client(url: str) -> AnyRedis:
+    # Plain URLs keep redis-py's own client (and its defaults), as the single-server tests always had; only our
+    # multi-host forms need delay_broker.connect.
+    if url.split("://", 1)[0].lower() in (*CLUSTER_SCHEMES, *SENTINEL_SCHEMES):
+        return client_from_url(url)
+    return redis.Redis.from_url(url)
 
 
 def main() -> None:
@@ -40,9 +52,10 @@ def main() -> None:
     parser.add_argument("--deliver-sleep", type=float, default=0.0)
     parser.add_argument("--lease", type=float, default=30.0)
     parser.add_argument("--batch", type=int, default=100)
+    parser.add_argument("--max-idle", type=float, default=0.5)
     options = parser.parse_args()
 
-    client = redis.Redis.from_url(options.url)
+    client = make_client(options.url)
     store = DelayStore(client, namespace=options.namespace)
     target = ListTarget(options.target, mode="rpush")
     deliverer = (
@@ -50,7 +63,7 @@ def main() -> None:
         if options.lease_mode
         else DirectLists({"ready": target})
     )
-    promoter = Promoter(store, deliverer, batch=options.batch, lease=options.lease, max_idle=0.5)
+    promoter = Promoter(store, deliverer, batch=options.batch, lease=options.lease, max_idle=options.max_idle)
     signal.signal(signal.SIGTERM, lambda *_: promoter.request_stop())
     print("ready", flush=True)
     promoter.run()

@@ -15,6 +15,7 @@ Environment:
   DB_SCHEDULE       optional cron expression: the first queue's record actor runs on it (token "cron")
   DB_STORE_URL      optional: the delay store's URL when it is not DB_REDIS_URL (redis+cluster://, ...)
   DB_STORE_SHARDS   optional: shards of the delay store namespace
+  DB_STORE_REPLICAS optional: durable writes (replicas to confirm each write)
   DB_SENTINEL_URL   redis+sentinel:// URL of the RedisBroker's Redis (DB_BROKER=redis-sentinel); the store
                     lives in that master too
 """
@@ -106,14 +107,18 @@ def build(env: Mapping[str, str]) -> App:
     broker.add_middleware(Probe(record))
     # RedisBroker: no redis_url, so the store lives in the broker's Redis and promotion is exactly-once.
     redis_url = None if env["DB_BROKER"].startswith("redis") else env.get("DB_STORE_URL", env["DB_REDIS_URL"])
-    shards = env.get("DB_STORE_SHARDS")
+    store_options: dict[str, Any] = {}
+    if env.get("DB_STORE_SHARDS"):
+        store_options["shards"] = int(env["DB_STORE_SHARDS"])
+    if env.get("DB_STORE_REPLICAS"):
+        store_options["replicas"] = int(env["DB_STORE_REPLICAS"])
     middleware = DelayMiddleware(
         redis_url=redis_url,
         namespace=env["DB_STORE_NS"],
         threshold=float(env["DB_THRESHOLD"]),
         max_idle=1.0,
         lease=20.0,
-        store_options={"shards": int(shards)} if shards else None,
+        store_options=store_options,
     )
     broker.add_middleware(middleware)
     app = App(broker, middleware)
