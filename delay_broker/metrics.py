@@ -242,7 +242,7 @@ class StoreCollector:
         events = CounterMetricFamily(
             f"{PREFIX}_store_events",
             "Store-wide event counters kept in Redis (all promoters and producers): parked, promoted, "
-            "dead_lettered, retried, cancelled, requeued.",
+            "dead_lettered, dead_dropped, retried, cancelled, requeued.",
             labels=["namespace", "event"],
         )
         for namespace, stats in results.items():

@@ -27,6 +27,11 @@ logger = logging.getLogger("delay_broker.promoter")
 BLOCKING_SLACK = 0.12
 """Seconds before a due time at which a sleeping promoter stops blocking in Redis and sleeps locally."""
 
+DEAD_TRIM_INTERVAL = 60.0
+"""Seconds between two trims of every shard's dead letters by one promoter, when the store bounds their
+retention (``dead_max_count``/``dead_max_age``): the age bound holds to within this. A shard is also trimmed
+right after this promoter dead-lettered something there, so the count bound holds to within a batch."""
+
 
 @runtime_checkable
 class Deliverer(Protocol):
@@ -127,8 +132,11 @@ class Promoter:
         self._redis_down = False
         self._failures = 0
         self._look_at: list[float] = []
-        self._layout_checked = time.monotonic()
         """Per shard: the monotonic time of the next look."""
+        self._layout_checked = time.monotonic()
+        self._dead_in: set[int] = set()
+        """Shards this promoter dead-lettered something in since it last trimmed them."""
+        self._trimmed_at = float("-inf")
         if isinstance(deliverer, DirectDeliverer):
             # A layout that cannot work (exactly-once on a Cluster, targets outside the slot) fails here, at
             # start-up, not in the loop (where it is checked again, should Redis be down now).
@@ -249,7 +257,27 @@ class Promoter:
             # that died, or a lease left by a promoter that died, is picked up by the others.
             self._look_at[shard] = started + (0.0 if full else max(0.0, min(wait, self.max_idle)))
             any_full = any_full or full
+        self._trim_dead(started)
         return any_full, min(self._look_at) - time.monotonic()
+
+    def _trim_dead(self, now: float) -> None:
+        """Enforce the store's dead-letter retention (see :meth:`DelayStore.trim_dead` for why here)."""
+        if not self.store.trims_dead:
+            return
+        if now - self._trimmed_at >= DEAD_TRIM_INTERVAL:
+            self._trimmed_at = now
+            shards: list[int | None] = [None]
+        else:
+            shards = [*sorted(self._dead_in)]
+        self._dead_in.clear()
+        for shard in shards:
+            dropped = self.store.trim_dead(shard)
+            if dropped:
+                logger.info(
+                    "Promoter %s: dropped %d dead letter(s) past the store's retention (dead_max_count/dead_max_age).",
+                    self.id,
+                    dropped,
+                )
 
     def _promote_shard(self, shard: int) -> tuple[bool, float]:
         """Returns whether the batch was full and how long (s) until something may be due in the shard."""
@@ -257,6 +285,7 @@ class Promoter:
             result = self.store.promote_direct(self.deliverer.direct_routes(), self.batch, self.id, shard=shard)
             self._promoted(result.lateness_ms, result.dead_lettered)
             if result.dead_lettered:
+                self._dead_in.add(shard)
                 logger.warning(
                     "Promoter %s: dead-lettered %d message(s): unknown route or corrupt envelope (see: delay-broker "
                     "dead ls).",
@@ -309,6 +338,8 @@ class Promoter:
         if failures:
             outcomes: list[str] = self.store.nack(deadline_ms, failures, shard=claim.shard)
             dead = outcomes.count("dead")
+            if dead:
+                self._dead_in.add(claim.shard)
             self.counters.retried += outcomes.count("retried")
             for (id, reason, _), outcome in zip(failures, outcomes, strict=True):
                 if outcome == "dead":

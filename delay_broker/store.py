@@ -68,6 +68,9 @@ STORE_OPTIONS = (
     "shards",
     "replicas",
     "replica_timeout",
+    "max_delay",
+    "dead_max_count",
+    "dead_max_age",
 )
 """Options of :class:`DelayStore` itself; :meth:`DelayStore.from_url` gives every other one to the client."""
 
@@ -96,6 +99,13 @@ class DelayStore:
         otherwise, so a write reported done survives a failover. Promotions also need N in-sync replicas
         before they start.
       replica_timeout: seconds to wait for that confirmation.
+      max_delay: seconds (or a timedelta): a park or reschedule due further than this from now (by the Redis
+        clock) is refused with :class:`~.errors.InvalidDelay` naming the limit. ``None`` (default): no limit
+        but the year 2248. Recurring schedules' occurrences are exempt (their period sets their delay).
+      dead_max_count: keep at most this many dead letters per shard; the oldest are dropped. ``None``: no bound.
+      dead_max_age: seconds (or a timedelta): drop dead letters dead for longer. ``None``: no bound.
+        Both bounds are enforced by :meth:`trim_dead`, which promoters call (see there); dropped letters
+        are counted in the ``dead_dropped`` counter of :meth:`stats`.
     """
 
     HISTOGRAM_EDGES = (60_000, 3_600_000, 86_400_000)
@@ -113,6 +123,9 @@ class DelayStore:
         shards: int | None = None,
         replicas: int = 0,
         replica_timeout: float = 1.0,
+        max_delay: Delay | None = None,
+        dead_max_count: int | None = None,
+        dead_max_age: Delay | None = None,
     ) -> None:
         if client.get_connection_kwargs().get("decode_responses"):
             raise DelayBrokerError("the Redis client must return bytes: create it with decode_responses=False")
@@ -126,6 +139,13 @@ class DelayStore:
             raise ConfigurationError(f"replicas must be a whole number >= 0, got {replicas!r}")
         if not replica_timeout > 0:
             raise ConfigurationError(f"replica_timeout must be positive, got {replica_timeout!r}")
+        if dead_max_count is not None and (
+            isinstance(dead_max_count, bool) or not isinstance(dead_max_count, int) or dead_max_count < 0
+        ):
+            raise ConfigurationError(f"dead_max_count must be a whole number >= 0 or None, got {dead_max_count!r}")
+        self.max_delay_ms = _positive_ms("max_delay", max_delay)
+        self.dead_max_count = dead_max_count
+        self.dead_max_age_ms = _positive_ms("dead_max_age", dead_max_age)
         self.client = client
         self.cluster = is_cluster(client)
         self.keys = Keyspace(namespace, prefix)
@@ -378,12 +398,22 @@ class DelayStore:
         """
         if not isinstance(schedule, str) or not schedule:
             raise ValueError(f"schedule must be a non-empty string, got {schedule!r}")
-        return self._park(0, [self._encode_request(ParkRequest(id, envelope, due=due))], "keep", schedule)[0]
+        # No max_delay: an occurrence is parked a period ahead (a month for a monthly schedule), which the
+        # application chose when it declared the schedule; the limit guards individual sends.
+        request = self._encode_request(ParkRequest(id, envelope, due=due))
+        return self._park(0, [request], "keep", schedule, max_delay_ms=-1)[0]
 
     def _park(
-        self, shard: int, chunk: list[tuple[str, str, int, bytes]], on_conflict: OnConflict, schedule: str = ""
+        self,
+        shard: int,
+        chunk: list[tuple[str, str, int, bytes]],
+        on_conflict: OnConflict,
+        schedule: str = "",
+        *,
+        max_delay_ms: int | None = None,
     ) -> list[ParkResult]:
-        args: list[Any] = [on_conflict, MAX_DUE_MS, schedule]
+        limit = self._max_delay_arg() if max_delay_ms is None else max_delay_ms
+        args: list[Any] = [on_conflict, MAX_DUE_MS, schedule, limit]
         for item in chunk:
             args.extend(item)
         reply = self._run("park", shard, args)
@@ -439,11 +469,15 @@ class DelayStore:
         kind, value = _due_argument(delay, due, id)
         encoded = b"" if envelope is None else self._encode_envelope(id, envelope)
         for shard in self._shards_to_search(id):
-            moved, woke = self._run("reschedule", shard, [id, kind, value, MAX_DUE_MS, encoded])
+            moved, woke = self._run("reschedule", shard, [id, kind, value, MAX_DUE_MS, encoded, self._max_delay_arg()])
             if int(moved) >= 0:
                 self._relay_wake(shard, woke)
                 return int(moved)
         return None
+
+    def _max_delay_arg(self) -> int:
+        """``max_delay`` as park.lua and reschedule.lua take it: milliseconds, or -1 for none."""
+        return -1 if self.max_delay_ms is None else self.max_delay_ms
 
     def _shards_to_search(self, id: str) -> list[int]:
         home = self.shard_for(id)
@@ -802,6 +836,35 @@ class DelayStore:
         self._relay_wake(shard, int(reply[0]) > 0)
         return int(reply[0]), [id.decode() for id in reply[1:]]
 
+    @property
+    def trims_dead(self) -> bool:
+        """Whether dead letters have a bounded retention (``dead_max_count`` or ``dead_max_age``)."""
+        return self.dead_max_count is not None or self.dead_max_age_ms is not None
+
+    def trim_dead(self, shard: int | None = None) -> int:
+        """Drop the dead letters past ``dead_max_count`` (oldest first) and those older than ``dead_max_age``,
+        with their envelopes, attempts and errors, on one shard or (``None``) on every shard. Returns how many
+        were dropped; they are counted in the store's ``dead_dropped`` counter. Does nothing without a bound.
+
+        Enforced by promoters rather than where dead letters are made: letters are made by three scripts
+        (claim, nack, direct promotion) and only by promoters, and an age bound needs a periodic look anyway
+        (a letter ages without anything happening to it). So each promoter trims a shard right after it
+        dead-lettered something there (the count bound holds within one batch) and every shard every
+        :data:`delay_broker.promoter.DEAD_TRIM_INTERVAL` seconds (the age bound holds within that).
+        """
+        if not self.trims_dead:
+            return 0
+        count = -1 if self.dead_max_count is None else self.dead_max_count
+        age = -1 if self.dead_max_age_ms is None else self.dead_max_age_ms
+        total = 0
+        for one in range(len(self.shards)) if shard is None else (shard,):
+            while True:
+                dropped, more = self._run("trim_dead", one, [count, age, MAX_BATCH])
+                total += int(dropped)
+                if not int(more):
+                    break
+        return total
+
     def purge_dead(self, ids: Sequence[str] | None = None) -> int:
         """Delete dead-lettered messages for good. ``ids=None`` purges all."""
         total = 0
@@ -825,6 +888,19 @@ def _due_argument(delay: Delay | None, due: datetime | None, id: str) -> tuple[s
     if delay is not None:
         return "d", delay_to_ms(delay)
     return "a", due_to_ms(due)  # type: ignore[arg-type]
+
+
+def _positive_ms(name: str, value: Delay | None) -> int | None:
+    """A duration option (seconds or a timedelta) in milliseconds, > 0; None stays None."""
+    if value is None:
+        return None
+    try:
+        millis = delay_to_ms(value)
+    except InvalidDelay as error:
+        raise ConfigurationError(f"{name}: {error} (give seconds or a timedelta)") from None
+    if millis <= 0:
+        raise ConfigurationError(f"{name} must be positive, got {value!r}")
+    return millis
 
 
 def _text(value: bytes | str) -> str:

@@ -13,7 +13,7 @@ from ..cron import CronScheduler
 from ..errors import ConfigurationError, InvalidDelay
 from ..promoter import Deliverer, DirectDeliverer, Promoter, PromoterListener
 from ..store import DelayStore, MessageInfo
-from .config import OPTIONS_KEY, CeleryOptions, Kind, kind_of_scheme, parse_options
+from .config import OPTIONS_KEY, CeleryOptions, Kind, check_threshold, kind_of_scheme, parse_options
 from .delivery import (
     AllowedRoutes,
     AmqpRepublisher,
@@ -82,6 +82,7 @@ def validate(app: Any) -> CeleryOptions:
         raise ConfigurationError("delay_broker does not support failover broker URLs (kombu drops the transport)")
     with app.connection_for_write() as connection:
         check_store(options, kind, connection)  # raises if there is no Redis for the store
+        check_threshold(options, kind, connection.transport_options)
     return options
 
 

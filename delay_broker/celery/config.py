@@ -8,8 +8,10 @@ key. It is called when a transport is created (worker start-up, first publish), 
 
 from __future__ import annotations
 
+import logging
 import math
 import numbers
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -17,6 +19,8 @@ from typing import Any, Literal
 from ..connect import check_url
 from ..errors import ConfigurationError
 from ..keys import MAX_SHARDS, Keyspace
+
+logger = logging.getLogger("delay_broker.celery")
 
 Kind = Literal["redis", "sentinel", "amqp", "sqs"]
 """The brokers we wrap: Redis (``redis://``), Redis behind Sentinel (``sentinel://``), RabbitMQ, SQS."""
@@ -29,6 +33,16 @@ DEFAULT_NAMESPACE = "celery"
 
 DEFAULT_THRESHOLDS: dict[str, float] = {"redis": 60.0, "sentinel": 60.0, "amqp": 60.0, "sqs": 900.0}
 """Seconds of delay above which a task is parked, per transport. SQS: its own ``DelaySeconds`` cap."""
+
+DEFAULT_VISIBILITY_TIMEOUTS: dict[str, float] = {"redis": 3600.0, "sentinel": 3600.0, "sqs": 1800.0}
+"""kombu's ``visibility_timeout`` when the transport option is not set: ``kombu.transport.redis.Channel`` has
+3600 s; ``kombu.transport.SQS.Channel.default_visibility_timeout`` (1800 s) is what kombu gives the queues it
+creates. A worker holds a task whose eta is up to ``threshold`` away; once it has held it for the visibility
+timeout the broker hands it to another worker as well: the duplicates delay_broker exists to prevent."""
+
+RABBITMQ_CONSUMER_TIMEOUT = 1800.0
+"""RabbitMQ's default ``consumer_timeout`` (30 min): a delivery left unacknowledged longer makes the broker
+close the channel and redeliver everything it held. Set on the server, so a client cannot read it."""
 
 """Our multi-host store URLs (see :mod:`delay_broker.connect`)."""
 
@@ -52,6 +66,10 @@ class CeleryOptions:
     shards: int | None = None
     replicas: int = 0
     replica_timeout: float = 1.0
+    max_delay: float | None = None
+    dead_max_count: int | None = None
+    dead_max_age: float | None = None
+    consumer_timeout: float | Literal[False] | None = None
 
     def store_options(self) -> dict[str, Any]:
         """The :class:`~delay_broker.store.DelayStore` arguments these options give."""
@@ -61,6 +79,9 @@ class CeleryOptions:
             "shards": self.shards,
             "replicas": self.replicas,
             "replica_timeout": self.replica_timeout,
+            "max_delay": self.max_delay,
+            "dead_max_count": self.dead_max_count,
+            "dead_max_age": self.dead_max_age,
         }
 
     def threshold_for(self, kind: Kind) -> float:
@@ -132,6 +153,14 @@ def parse_options(raw: object) -> CeleryOptions:
             values[name] = None if value is None else _seconds(name, value, minimum=0.0, inclusive=True)
         elif name in ("lease", "max_idle", "replica_timeout"):
             values[name] = _seconds(name, value, minimum=0.0, inclusive=False)
+        elif name in ("max_delay", "dead_max_age"):
+            values[name] = None if value is None else _seconds(name, value, minimum=0.0, inclusive=False)
+        elif name == "dead_max_count":
+            values[name] = None if value is None else _int(name, value, 0, 2**53)
+        elif name == "consumer_timeout":
+            # False: the server's consumer_timeout is turned off; None: RabbitMQ's default.
+            off = value is None or value is False
+            values[name] = value if off else _seconds(name, value, minimum=0.0, inclusive=False)
         elif name in ("batch", "max_attempts"):
             values[name] = _int(name, value, 1, 1000)
         elif name == "metrics_port":
@@ -147,6 +176,68 @@ def parse_options(raw: object) -> CeleryOptions:
                 raise ConfigurationError(f"delay_broker option 'queues' must hold non-empty strings, got {value!r}")
             values[name] = tuple(sorted(value))
     return CeleryOptions(**values)
+
+
+_warned: set[tuple[str, float, float]] = set()
+_warned_lock = threading.Lock()
+
+
+def check_threshold(options: CeleryOptions, kind: Kind, transport_options: Mapping[str, Any] | None) -> None:
+    """Check the threshold against how long the broker lets a worker hold a task unacknowledged.
+
+    A task due within ``threshold`` is not parked: Celery's worker receives it at once and holds it,
+    unacknowledged, until its eta. On Redis and SQS the broker hands a task held longer than
+    ``visibility_timeout`` to another worker, so a threshold at or above it provably brings back the duplicates
+    delay_broker exists to prevent: refused with a ConfigurationError. On RabbitMQ a delivery held longer than
+    the server's ``consumer_timeout`` closes the channel and is redelivered; the client cannot read the
+    server's setting, so it is compared with RabbitMQ's default (or the ``consumer_timeout`` option) and
+    logged as a warning, once per process.
+    """
+    if not options.enabled:
+        return
+    threshold = options.threshold_for(kind)
+    if kind in DEFAULT_VISIBILITY_TIMEOUTS:
+        visibility = _visibility_timeout(kind, transport_options)
+        if visibility is not None and threshold >= visibility:
+            raise ConfigurationError(
+                f"delay_broker threshold of {threshold:g} s is not below the {kind} transport's visibility_timeout "
+                f"of {visibility:g} s: a task delayed by less than the threshold is held by a worker for longer than "
+                "the broker waits before handing it to another worker, so it would run twice. Lower 'threshold' "
+                "(tasks delayed longer are parked instead) or raise the transport option 'visibility_timeout'"
+            )
+        return
+    if kind != "amqp" or options.consumer_timeout is False:
+        return
+    timeout = RABBITMQ_CONSUMER_TIMEOUT if options.consumer_timeout is None else options.consumer_timeout
+    if threshold < timeout:
+        return
+    with _warned_lock:
+        if (kind, threshold, timeout) in _warned:
+            return
+        _warned.add((kind, threshold, timeout))
+    stated = "as the 'consumer_timeout' option states" if options.consumer_timeout else "RabbitMQ's default"
+    logger.warning(
+        "delay_broker threshold of %g s is not below RabbitMQ's consumer_timeout of %g s (%s): a worker holding a "
+        "task delayed by less than the threshold past that timeout has its channel closed and the task is "
+        "redelivered, so it may run twice. Lower 'threshold' (tasks delayed longer are parked), or raise the "
+        "server's consumer_timeout and state it in the 'consumer_timeout' option.",
+        threshold,
+        timeout,
+        stated,
+    )
+
+
+def _visibility_timeout(kind: Kind, transport_options: Mapping[str, Any] | None) -> float | None:
+    """The transport's ``visibility_timeout`` in seconds as kombu reads it (None: a value kombu would fail on
+    anyway, left for kombu to report)."""
+    value = (transport_options or {}).get("visibility_timeout")
+    if value is None or value == "":
+        return DEFAULT_VISIBILITY_TIMEOUTS[kind]
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        return None
+    return None if math.isnan(seconds) else seconds
 
 
 def options_of(transport_options: Mapping[str, Any] | None) -> CeleryOptions:

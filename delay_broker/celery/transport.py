@@ -22,7 +22,7 @@ from celery.signals import worker_init
 from kombu.transport import pyamqp as kombu_pyamqp
 from kombu.transport import redis as kombu_redis
 
-from .config import Kind, options_of
+from .config import Kind, check_threshold, options_of
 from .messages import amqp_route, encode_amqp, encode_virtual, revoked_ids, task_info
 from .parking import Parker
 
@@ -36,7 +36,8 @@ class DelayBrokerTransport:
     """What our transports add to kombu's: the parsed options and the parker (None when disabled).
 
     Options are checked in ``__init__``, which runs when a worker starts (before its banner) and on a
-    producer's first publish: a bad option stops the process with a clear message.
+    producer's first publish: a bad option stops the process with a clear message. So is the threshold against
+    the broker's visibility timeout (see :func:`~delay_broker.celery.config.check_threshold`).
     """
 
     delay_broker_kind: ClassVar[Kind]
@@ -45,6 +46,7 @@ class DelayBrokerTransport:
     def __init__(self, client: Any, **kwargs: Any) -> None:
         super().__init__(client, **kwargs)  # type: ignore[call-arg]
         options = options_of(client.transport_options)
+        check_threshold(options, self.delay_broker_kind, client.transport_options)
         self.delay_broker = Parker.for_connection(options, self.delay_broker_kind, client) if options.enabled else None
 
 

@@ -10,12 +10,15 @@ Two units meet here and are kept apart on purpose:
 
 from __future__ import annotations
 
+import logging
 from datetime import timedelta
 
 import dramatiq
 
 from ..clock import delay_to_ms
 from ..errors import ConfigurationError, InvalidDelay
+
+logger = logging.getLogger("delay_broker.dramatiq")
 
 DEFAULT_THRESHOLD = timedelta(seconds=60)
 """Threshold for brokers without a native delay limit (RedisBroker, RabbitmqBroker, StubBroker).
@@ -57,3 +60,40 @@ def effective_threshold_ms(broker: dramatiq.Broker, configured_ms: int | None) -
     if configured_ms is None:
         return cap if cap is not None else threshold_ms(DEFAULT_THRESHOLD)
     return configured_ms if cap is None else min(configured_ms, cap)
+
+
+RABBITMQ_CONSUMER_TIMEOUT_MS = 30 * 60 * 1000
+"""RabbitMQ's default ``consumer_timeout``. Set on the server: a client cannot read it."""
+
+
+def check_consumer_timeout(broker: dramatiq.Broker, threshold_ms: int, consumer_timeout_ms: int | bool | None) -> bool:
+    """Warn when a RabbitmqBroker's workers would hold a delayed message past RabbitMQ's ``consumer_timeout``.
+
+    A message delayed by up to the threshold is not parked: a Dramatiq worker consumes it from the delay queue
+    and holds it unacknowledged until its eta. RabbitMQ closes the channel of a consumer that holds a delivery
+    longer than ``consumer_timeout`` and redelivers what it held. The other brokers need no check: SQS keeps
+    delays of up to 900 s itself (``DelaySeconds``, the message is invisible, no worker holds it), and
+    RedisBroker has no visibility timeout (a live worker's unacked messages are never given to another).
+
+    ``consumer_timeout_ms``: the server's setting when known (None: RabbitMQ's default; False: turned off).
+    Returns whether it warned.
+    """
+    try:
+        from dramatiq.brokers.rabbitmq import RabbitmqBroker
+    except ImportError:  # pragma: no cover - pika not installed
+        return False
+    if not isinstance(broker, RabbitmqBroker) or consumer_timeout_ms is False:
+        return False
+    timeout = RABBITMQ_CONSUMER_TIMEOUT_MS if consumer_timeout_ms is None else int(consumer_timeout_ms)
+    if threshold_ms < timeout:
+        return False
+    logger.warning(
+        "DelayMiddleware threshold of %g s is not below RabbitMQ's consumer_timeout of %g s (%s): a worker holds a "
+        "message delayed by less than the threshold, unacknowledged, until it is due; past consumer_timeout "
+        "RabbitMQ closes its channel and redelivers it, so it may run twice. Lower the threshold (longer delays "
+        "are parked), or raise the server's consumer_timeout and state it with DelayMiddleware(consumer_timeout=...).",
+        threshold_ms / 1000,
+        timeout / 1000,
+        "RabbitMQ's default" if consumer_timeout_ms is None else "as stated",
+    )
+    return True

@@ -15,14 +15,21 @@ from dramatiq.brokers.redis import RedisBroker
 from dramatiq.common import q_name
 from dramatiq.errors import QueueNotFound
 
-from ..clock import ms_to_datetime
+from ..clock import delay_to_ms, ms_to_datetime
 from ..cron import CronScheduler, Schedule
 from ..envelope import Envelope
 from ..errors import ConfigurationError, DelayBrokerError, InvalidDelay
 from ..keys import DEFAULT_NAMESPACE
 from ..promoter import Deliverer, DirectDeliverer, Promoter
 from ..store import DelayStore, MessageInfo
-from .delays import DEFAULT_THRESHOLD, delay_ms, effective_threshold_ms, native_cap_ms, threshold_ms
+from .delays import (
+    DEFAULT_THRESHOLD,
+    check_consumer_timeout,
+    delay_ms,
+    effective_threshold_ms,
+    native_cap_ms,
+    threshold_ms,
+)
 from .delivery import FRAMEWORK, BrokerDeliverer, Enqueue, RedisQueues, canonical_queues
 
 logger = logging.getLogger("delay_broker.dramatiq")
@@ -57,10 +64,14 @@ class DelayMiddleware(dramatiq.Middleware):
       promote_in_workers: run a promoter thread in every worker process.
       batch, lease, max_idle: promoter settings (see :class:`~delay_broker.promoter.Promoter`).
       store_options: more :class:`~delay_broker.store.DelayStore` arguments (``max_attempts``,
-        ``retry_backoff``, ``max_payload_bytes``, ``prefix``).
+        ``retry_backoff``, ``max_payload_bytes``, ``prefix``, ``max_delay``, ``dead_max_count``,
+        ``dead_max_age``, ...).
       metrics: count each worker promoter's work in Prometheus metrics
         (:class:`~delay_broker.metrics.PromoterMetrics`). Default: when the broker has Dramatiq's
         ``Prometheus`` middleware, whose endpoint then shows them next to the ``dramatiq_*`` metrics.
+      consumer_timeout: RabbitmqBroker only: the server's ``consumer_timeout`` in seconds (or a timedelta),
+        ``False`` if it is turned off; default: RabbitMQ's 30 minutes. A threshold at or above it is
+        logged as a warning when the middleware is installed (see :func:`.delays.check_consumer_timeout`).
     """
 
     def __init__(
@@ -77,12 +88,14 @@ class DelayMiddleware(dramatiq.Middleware):
         max_idle: float = 5.0,
         store_options: dict[str, Any] | None = None,
         metrics: bool | None = None,
+        consumer_timeout: float | timedelta | bool | None = None,
     ) -> None:
         if redis_url is not None and client is not None:
             raise ConfigurationError("give redis_url or client, not both")
         if not 1 <= batch <= 1000 or lease <= 0 or max_idle <= 0:
             raise ConfigurationError("batch must be 1..1000, lease and max_idle positive")
         self.threshold_ms = None if threshold is None else threshold_ms(threshold)
+        self.consumer_timeout_ms = _consumer_timeout_ms(consumer_timeout)
         self.namespace = namespace
         self.direct = direct
         self.promote_in_workers = promote_in_workers
@@ -122,6 +135,7 @@ class DelayMiddleware(dramatiq.Middleware):
                     "threshold lowered to the broker's native limit of %d ms: longer delays would be refused",
                     self._effective_threshold_ms,
                 )
+            check_consumer_timeout(broker, self._effective_threshold_ms, self.consumer_timeout_ms)
             if getattr(broker, "confirm_delivery", None) is False:
                 logger.warning(
                     "RabbitmqBroker without confirm_delivery=True: a message promoted while the connection is "
@@ -344,6 +358,21 @@ class DelayMiddleware(dramatiq.Middleware):
         if self.broker is None:
             raise ConfigurationError("DelayMiddleware is not installed: add it with broker.add_middleware()")
         return self.broker
+
+
+def _consumer_timeout_ms(value: float | timedelta | bool | None) -> int | bool | None:
+    """The ``consumer_timeout`` option: None (RabbitMQ's default), False (turned off) or positive milliseconds."""
+    if value is None or value is False:
+        return value
+    try:
+        millis = None if value is True else delay_to_ms(value)
+    except InvalidDelay:
+        millis = None
+    if not millis:
+        raise ConfigurationError(
+            f"consumer_timeout must be positive seconds, a timedelta, False (turned off) or None, got {value!r}"
+        )
+    return millis
 
 
 def _id_of(message: str | AnyMessage) -> str:

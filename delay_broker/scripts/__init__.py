@@ -24,6 +24,7 @@ NAMES = (
     "stats",
     "requeue",
     "purge",
+    "trim_dead",
 )
 
 

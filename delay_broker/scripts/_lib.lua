@@ -35,6 +35,21 @@ local function next_seq(seq_key, count)
     return redis.call('INCRBY', seq_key, count) - count
 end
 
+-- Milliseconds as seconds for error messages: whole seconds without a fraction, else to the millisecond.
+local function seconds_text(ms)
+    if ms % 1000 == 0 then
+        return string.format('%d s', ms / 1000)
+    end
+    return string.format('%.3f s', ms / 1000)
+end
+
+-- The refusal of a due time further from now than the store's max_delay; the text after 'delay_broker: '
+-- becomes the InvalidDelay users see, so it names the limit.
+local function too_far(id, delay_ms, max_delay_ms)
+    return redis.error_reply('ERR delay_broker: due time of ' .. id .. ' is ' .. seconds_text(delay_ms)
+        .. ' from now, beyond max_delay (' .. seconds_text(max_delay_ms) .. ')')
+end
+
 local function score_for(due_ms, seq)
     return due_ms * FIFO_SLOTS + (seq % FIFO_SLOTS)
 end

@@ -16,20 +16,24 @@
 -- ARGV[3] schedule: '' or the name of a recurring schedule. With a name the call parks one occurrence, and
 --         only when it is due later than the latest one parked for that schedule, ever: any number of
 --         schedulers may offer the same occurrence, before or after it was promoted, and it runs once.
--- ARGV[4..] groups of 4: id, kind ('d' = delay in ms from Redis TIME, 'a' = absolute due ms), value, envelope
+-- ARGV[4] max_delay_ms: latest due time accepted, counted from Redis TIME (the store's max_delay), or -1 for
+--         none. Checked here, where the due time is computed, so it costs no extra round trip.
+-- ARGV[5..] groups of 4: id, kind ('d' = delay in ms from Redis TIME, 'a' = absolute due ms), value, envelope
 -- Returns a flat list, two entries per message: due_ms, outcome (1 = new, 2 = replaced, 0 = kept existing;
 -- for a kept message due_ms is its current due time, or -1 when it is in flight or dead; for a refused
 -- occurrence, the due time of the latest occurrence parked for its schedule); then 1 if WAKE was pushed, else 0.
 
+local FIRST_GROUP = 5
 local replace = ARGV[1] == 'replace'
 local max_due = tonumber(ARGV[2])
 local schedule = ARGV[3]
+local max_delay = tonumber(ARGV[4])
 local now = now_ms()
 
 -- Validate everything before writing anything: a script error does not roll back earlier writes.
 local dues = {}
 local count = 0
-for i = 4, #ARGV, 4 do
+for i = FIRST_GROUP, #ARGV, 4 do
     local value = tonumber(ARGV[i + 2])
     local due = value
     if ARGV[i + 1] == 'd' then
@@ -37,6 +41,9 @@ for i = 4, #ARGV, 4 do
     end
     if due > max_due then
         return redis.error_reply('ERR delay_broker: due time of ' .. ARGV[i] .. ' is past the latest supported')
+    end
+    if max_delay >= 0 and due - now > max_delay then
+        return too_far(ARGV[i], due - now, max_delay)
     end
     count = count + 1
     dues[count] = due
@@ -79,7 +86,7 @@ local result = {}
 local parked = 0
 local delivered = 0
 for n = 1, count do
-    local i = 4 + (n - 1) * 4
+    local i = FIRST_GROUP + (n - 1) * 4
     local id = ARGV[i]
     local outcome = 1
     local existing = redis.call('ZSCORE', DUE, id)

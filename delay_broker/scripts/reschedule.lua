@@ -7,6 +7,7 @@
 --   MSG       HASH id -> envelope
 -- ARGV[1] id  ARGV[2] kind ('d' = delay ms from Redis TIME, 'a' = absolute due ms)  ARGV[3] value
 -- ARGV[4] max_due_ms  ARGV[5] new envelope, or '' to keep the stored one
+-- ARGV[6] max_delay_ms: latest due time accepted, counted from Redis TIME (the store's max_delay), or -1
 -- Returns {new due time in ms, or -1 when the id is not parked (unknown, in flight or dead); 1 if WAKE was
 -- pushed, else 0}.
 
@@ -19,12 +20,17 @@ local id = ARGV[1]
 if not redis.call('ZSCORE', DUE, id) then
     return {-1, 0}
 end
+local now = now_ms()
 local due = tonumber(ARGV[3])
 if ARGV[2] == 'd' then
-    due = now_ms() + due
+    due = now + due
 end
 if due > tonumber(ARGV[4]) then
     return redis.error_reply('ERR delay_broker: due time of ' .. id .. ' is past the latest supported')
+end
+local max_delay = tonumber(ARGV[6])
+if max_delay >= 0 and due - now > max_delay then
+    return too_far(id, due - now, max_delay)
 end
 local head = head_due(DUE)
 redis.call('ZADD', DUE, 'XX', score_for(due, next_seq(SEQ, 1)), id)
