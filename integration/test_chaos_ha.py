@@ -14,11 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import os
 import random
-import signal
-import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -37,6 +33,8 @@ from delay_broker.deliverers import DirectLists
 from delay_broker.errors import StoreError
 from tests.helpers import wait_for as shared_wait_for
 
+from .test_chaos_redis import Promoters
+
 if TYPE_CHECKING:
     from .ha_servers import RedisClusterServers, SentinelSet
 
@@ -51,49 +49,6 @@ CLIENT = {"socket_timeout": 5.0}
 def text(value: object) -> str:
     """A member or list item as text (redis-py's types allow str; these clients return bytes)."""
     return value.decode() if isinstance(value, bytes) else str(value)
-
-
-class PromoterProcesses:
-    """Promoter processes (``tests.promoter_process``) that can be SIGKILLed and replaced."""
-
-    def __init__(self, url: str, namespace: str, target: str, *options: str) -> None:
-        self.command = [sys.executable, "-m", "tests.promoter_process", url, namespace, target, *options]
-        self.alive: list[subprocess.Popen[str]] = []
-        self.started = 0
-        self.kills = 0
-
-    def spawn(self) -> None:
-        process = subprocess.Popen(
-            self.command,
-            cwd=ROOT,
-            stdout=subprocess.PIPE,
-            text=True,
-            env={**os.environ, "PYTHONPATH": str(ROOT)},
-        )
-        # Recorded before the handshake, so stop() reaps it even if the handshake fails.
-        self.alive.append(process)
-        assert process.stdout is not None and process.stdout.readline().strip() == "ready"
-        self.started += 1
-
-    def kill_one(self, rng: random.Random) -> None:
-        process = self.alive.pop(rng.randrange(len(self.alive)))
-        process.send_signal(signal.SIGKILL)
-        process.wait(10)
-        self.kills += 1
-
-    def stop(self) -> None:
-        for process in self.alive:
-            if process.poll() is None:
-                process.send_signal(signal.SIGTERM)
-        for process in self.alive:
-            try:
-                process.wait(15)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait(5)
-            if process.stdout is not None:
-                process.stdout.close()
-        self.alive = []
 
 
 def delete_namespace(cluster: RedisClusterServers, store: DelayStore, *extra: str) -> None:
@@ -125,7 +80,7 @@ def test_kill_9_of_promoters_over_a_sharded_cluster_store_loses_nothing(redis_cl
     count, spread, batch, lease, kills = 20_000, 10.0, 50, 2.0, 7
     rng = random.Random()
     options = ("--lease-mode", "--deliver-sleep", "0.001", "--lease", str(lease), "--batch", str(batch))
-    promoters = PromoterProcesses(redis_cluster.url, namespace, target, *options)
+    promoters = Promoters(redis_cluster.url, namespace, target, *options)
     in_flight_at_kills: set[str] = set()
     stranded: list[int] = []
     started = time.monotonic()

@@ -52,6 +52,7 @@ class Promoters:
             text=True,
             env={**os.environ, "PYTHONPATH": str(ROOT)},
         )
+        # Recorded before the handshake, so stop() reaps it even if the handshake fails.
         self.alive.append(process)
         assert process.stdout is not None and process.stdout.readline().strip() == "ready"
         self.started += 1
@@ -72,6 +73,8 @@ class Promoters:
             except subprocess.TimeoutExpired:
                 process.kill()
                 process.wait(5)
+            if process.stdout is not None:
+                process.stdout.close()
         self.alive = []
 
 
