@@ -27,6 +27,7 @@ from .errors import (
 )
 from .keys import Keyspace
 from .promoter import Deliverer, DirectDeliverer, Promoter
+from .schedules import RuntimeSchedules, ScheduleNotFound
 from .store import ClaimedMessage, DelayStore, MessageInfo, ParkRequest, ParkResult, StoreStats
 from .targets import ListTarget
 
@@ -53,6 +54,8 @@ __all__ = [
     "ParkResult",
     "PayloadTooLarge",
     "Promoter",
+    "RuntimeSchedules",
+    "ScheduleNotFound",
     "StoreError",
     "StoreFull",
     "StoreLoading",

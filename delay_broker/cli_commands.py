@@ -686,81 +686,6 @@ def dead_purge(ids: Sequence[str], yes: bool, redis_url: str | None, namespace: 
         session.console.print(f"Purged {purged:,} dead-lettered message(s).")
 
 
-# -- recurring schedules --------------------------------------------------------------------------------------
-
-
-@cli.group(cls=OrderedGroup, short_help="Recurring schedules: ls, forget.")
-def cron() -> None:
-    """Recurring schedules (DelayMiddleware.schedule): each keeps its next occurrence parked.
-
-    \b
-      delay-broker cron ls                   schedules, their next occurrence and its state
-      delay-broker cron forget NAME          drop a schedule's record and its parked occurrence (asks first)
-    """
-
-
-def schedule_rows(store: DelayStore) -> list[dict[str, Any]]:
-    from .cron import occurrence_id
-
-    rows = []
-    for name, due_ms in sorted(store.schedules().items()):
-        id = None if due_ms is None else occurrence_id(store.keys.namespace, name, due_ms)
-        info = None if id is None else store.get(id)
-        state = "malformed record" if id is None else STATE_WORDS[info.state] if info else "gone (ran or cancelled)"
-        rows.append({"name": name, "due_ms": due_ms, "due": iso_time(due_ms), "id": id, "state": state})
-    return rows
-
-
-@cron.command("ls", short_help="List recurring schedules and their next occurrence.")
-@store_options
-@reports_errors
-def cron_ls(redis_url: str | None, namespace: str, as_json: bool) -> None:
-    """List the recurring schedules that parked an occurrence in this namespace: the latest occurrence parked
-    (the next to run, unless it was already promoted), its message id and its state."""
-    session = open_session(redis_url, namespace, as_json)
-    rows = schedule_rows(session.store)
-    if as_json:
-        emit_json({"schedules": rows})
-        return
-    if not rows:
-        session.console.print("No recurring schedule has parked an occurrence in this namespace.")
-        return
-    now_ms = session.store.now_ms()
-    table = Table("schedule", "latest occurrence", "due in", "message id", "state", box=None)
-    for row in rows:
-        table.add_row(
-            cell(row["name"]),
-            format_time(row["due_ms"]),
-            format_relative(row["due_ms"], now_ms),
-            row["id"] or "-",
-            row["state"],
-        )
-    session.console.print(table)
-
-
-@cron.command("forget", short_help="Drop a schedule's record and cancel its parked occurrence (asks first).")
-@click.argument("name")
-@confirm_option
-@store_options
-@reports_errors
-def cron_forget(name: str, yes: bool, redis_url: str | None, namespace: str, as_json: bool) -> None:
-    """Drop the record of schedule NAME and cancel its parked occurrence: for a schedule removed from the
-    application. A promoter that still declares it parks its next occurrence again."""
-    session = open_session(redis_url, namespace, as_json)
-    row = next((row for row in schedule_rows(session.store) if row["name"] == name), None)
-    if row is None:
-        raise click.ClickException(f"no schedule {printable(name)!r} in namespace {namespace!r}")
-    what = f"schedule {printable(name)!r}"
-    confirm(f"forget {what}", f"Forget {what} and cancel its next run?", yes)
-    cancelled = row["id"] is not None and session.store.cancel(row["id"])
-    session.store.forget_schedule(name)
-    if as_json:
-        emit_json({"name": name, "forgotten": True, "cancelled": cancelled})
-    else:
-        note = f"; cancelled its occurrence {row['id']}" if cancelled else ""
-        session.console.print(Text(f"Forgot schedule {printable(name)!r}{note}."))
-
-
 # -- promote / metrics --------------------------------------------------------------------------------------------
 
 
@@ -996,3 +921,7 @@ def _lists_demo(console: Console, url: str, where: str, messages: int, seconds: 
     console.print(table)
     if report.duplicates or report.lost:
         sys.exit(1)
+
+
+# Command groups of their own modules register themselves on ``cli`` when imported.
+from . import cli_cron  # noqa: E402, F401

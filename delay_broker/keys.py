@@ -33,6 +33,8 @@ SCRIPT_KEYS = (
     "promoters",
     "routes",
     "cron",
+    "schedules",
+    "schedules_rev",
 )
 """The keys of a shard, in the order every script receives them as KEYS (Lua names them in upper case)."""
 
@@ -183,6 +185,16 @@ class Keyspace:
     def cron(self) -> str:
         """HASH schedule name -> due time (ms) of the latest occurrence parked for that recurring schedule."""
         return self.key("cron")
+
+    @property
+    def schedules(self) -> str:
+        """HASH schedule name -> definition (JSON) of a schedule managed at runtime (:mod:`delay_broker.schedules`)."""
+        return self.key("schedules")
+
+    @property
+    def schedules_rev(self) -> str:
+        """STRING revision of :attr:`schedules`, incremented by every change: schedulers re-read on a change."""
+        return self.key("schedules_rev")
 
     @property
     def promoters(self) -> str:

@@ -102,6 +102,12 @@ class _PromoterFamilies:
             ["namespace"],
             registry=registry,
         )
+        self.missed = prom.Counter(
+            f"{PREFIX}_schedule_missed_occurrences",
+            "Occurrences of recurring schedules skipped because no promoter ran them within a minute of their time.",
+            ["namespace", "schedule"],
+            registry=registry,
+        )
 
 
 _families: weakref.WeakKeyDictionary[CollectorRegistry, _PromoterFamilies] = weakref.WeakKeyDictionary()
@@ -155,6 +161,11 @@ class PromoterMetrics:
             counter = self._families.errors.labels(namespace=self.namespace, stage=stage)
         counter.inc()
 
+    def missed(self, schedule: str, count: int) -> None:
+        """Occurrences of a recurring schedule skipped (a bounded label set: one per schedule)."""
+        if count > 0:
+            self._families.missed.labels(namespace=self.namespace, schedule=schedule).inc(count)
+
 
 class ListenerChain:
     """Several promoter listeners as one (e.g. an application's own listener and :class:`PromoterMetrics`)."""
@@ -173,6 +184,12 @@ class ListenerChain:
     def failed(self, stage: str) -> None:
         for listener in self.listeners:
             listener.failed(stage)
+
+    def missed(self, schedule: str, count: int) -> None:
+        for listener in self.listeners:
+            missed = getattr(listener, "missed", None)
+            if missed is not None:
+                missed(schedule, count)
 
 
 # -- store side ----------------------------------------------------------------------------------------------------

@@ -64,6 +64,9 @@ class PromoterListener(Protocol):
 
     def failed(self, stage: str) -> None: ...
 
+    # Optional (looked up with getattr, so listeners written before it keep working):
+    # def missed(self, schedule: str, count: int) -> None  -- occurrences a recurring schedule skipped
+
 
 @dataclass
 class PromoterCounters:
@@ -74,6 +77,8 @@ class PromoterCounters:
     dead_lettered: int = 0
     retried: int = 0
     errors: int = 0
+    missed: int = 0
+    """Occurrences of recurring schedules skipped (no promoter ran them in time), as found by this promoter."""
     lateness_ms: list[int] = field(default_factory=list)
     keep_lateness: bool = False
 
@@ -125,6 +130,8 @@ class Promoter:
         self.max_idle = max_idle
         self.listener = listener
         self.cron = cron
+        if cron is not None and cron.on_missed is None:
+            cron.on_missed = self._schedule_missed
         self.id = name or new_promoter_id()
         self.counters = PromoterCounters(keep_lateness=keep_lateness)
         self._stopping = threading.Event()
@@ -203,7 +210,7 @@ class Promoter:
             self._unexpected("promoting")
             return
         self.counters.cycles += 1
-        if self.cron is not None and self.cron.schedules:
+        if self.cron is not None:
             wait = min(wait, self.cron.seconds_until_due())
         if full or wait <= 0 or self._stopping.is_set():
             return
@@ -359,6 +366,12 @@ class Promoter:
             self.counters.dead_lettered += dead
             if self.listener:
                 self.listener.dead_lettered(dead)
+
+    def _schedule_missed(self, schedule: str, count: int) -> None:
+        self.counters.missed += count
+        missed = getattr(self.listener, "missed", None)
+        if missed is not None:
+            missed(schedule, count)
 
     # -- faults ----------------------------------------------------------------------------------------
 

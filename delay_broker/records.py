@@ -30,7 +30,8 @@ class ParkResult:
     id: str
     due_ms: int
     """The due time now stored (for a kept duplicate: the existing one; -1 if it is in flight or dead)."""
-    outcome: Literal["new", "replaced", "kept"]
+    outcome: Literal["new", "replaced", "kept", "stale"]
+    """``stale``: a schedule's occurrence refused because the schedules changed since it was built."""
 
 
 @dataclass(frozen=True)
@@ -115,3 +116,23 @@ class StoreStats:
         if self.overdue == 0 or self.next_due_ms is None:
             return 0
         return max(0, self.now_ms - self.next_due_ms)
+
+
+@dataclass(frozen=True)
+class StoredSchedules:
+    """The runtime schedules' definitions as stored (JSON bytes by name), at one revision."""
+
+    revision: int
+    definitions: dict[str, bytes]
+    records: dict[str, int | None]
+    """Every schedule's record: the due time (ms) of its latest occurrence parked (None when malformed)."""
+
+
+@dataclass(frozen=True)
+class ScheduleUpdate:
+    done: bool
+    """False when the revision or the record changed since they were read: nothing was changed."""
+    revision: int
+    now_ms: int
+    cancelled: bool
+    """Whether the schedule's parked occurrence was cancelled."""

@@ -48,7 +48,9 @@ from .records import (
     ParkRequest,
     ParkResult,
     Requeued,
+    ScheduleUpdate,
     State,
+    StoredSchedules,
     StoreStats,
 )
 from .redis_errors import translate
@@ -388,20 +390,24 @@ class DelayStore:
                 by_position.update(zip(chunk, parked, strict=True))
         return [by_position[position] for position in range(len(encoded))]
 
-    def park_occurrence(self, schedule: str, id: str, envelope: Envelope, due: datetime) -> ParkResult:
+    def park_occurrence(
+        self, schedule: str, id: str, envelope: Envelope, due: datetime, *, revision: int | None = None
+    ) -> ParkResult:
         """Park one occurrence of the recurring schedule ``schedule``, due at ``due``.
 
         It is parked only if it is due later than every occurrence ever parked for that schedule, so any
         number of schedulers may offer it, before or after it was promoted, and it runs once. Otherwise the
-        result is ``kept``, with the due time of the latest occurrence parked for the schedule. Occurrences
-        live in shard 0, beside their schedule's record.
+        result is ``kept``, with the due time of the latest occurrence parked for the schedule. With
+        ``revision`` (of :meth:`stored_schedules`), the result is ``stale`` and nothing is parked when the
+        runtime schedules changed since. Occurrences live in shard 0, beside their schedule's record.
         """
         if not isinstance(schedule, str) or not schedule:
             raise ValueError(f"schedule must be a non-empty string, got {schedule!r}")
         # No max_delay: an occurrence is parked a period ahead (a month for a monthly schedule), which the
         # application chose when it declared the schedule; the limit guards individual sends.
         request = self._encode_request(ParkRequest(id, envelope, due=due))
-        return self._park(0, [request], "keep", schedule, max_delay_ms=-1)[0]
+        expected = "" if revision is None else str(revision)
+        return self._park(0, [request], "keep", schedule, max_delay_ms=-1, revision=expected)[0]
 
     def _park(
         self,
@@ -411,14 +417,15 @@ class DelayStore:
         schedule: str = "",
         *,
         max_delay_ms: int | None = None,
+        revision: str = "",
     ) -> list[ParkResult]:
         limit = self._max_delay_arg() if max_delay_ms is None else max_delay_ms
-        args: list[Any] = [on_conflict, MAX_DUE_MS, schedule, limit]
+        args: list[Any] = [on_conflict, MAX_DUE_MS, schedule, limit, revision]
         for item in chunk:
             args.extend(item)
         reply = self._run("park", shard, args)
         self._relay_wake(shard, reply[-1])
-        outcomes: tuple[Literal["kept", "new", "replaced"], ...] = ("kept", "new", "replaced")
+        outcomes: tuple[Literal["kept", "new", "replaced", "stale"], ...] = ("kept", "new", "replaced", "stale")
         return [ParkResult(item[0], int(reply[2 * n]), outcomes[int(reply[2 * n + 1])]) for n, item in enumerate(chunk)]
 
     def _encode_request(self, request: ParkRequest) -> tuple[str, str, int, bytes]:
@@ -519,6 +526,59 @@ class DelayStore:
         """Drop the record of a recurring schedule (its occurrences already parked stay parked)."""
         with self._redis("forgetting a schedule"):
             return bool(self.client.hdel(self.keys.cron, name))
+
+    def stored_schedules(self) -> StoredSchedules:
+        """The runtime schedules' definitions and every schedule's record, read in one round trip.
+
+        The revision is read first: definitions changed in between carry a newer revision than the one
+        returned, so a reader that acts on the revision reads them again rather than acting on old ones.
+        """
+        with self._redis("reading schedules"):
+            pipe = self.client.pipeline(transaction=False)
+            pipe.get(self.keys.schedules_rev)
+            pipe.hgetall(self.keys.schedules)
+            pipe.hgetall(self.keys.cron)
+            revision, definitions, records = pipe.execute()
+        return StoredSchedules(
+            int(revision or 0),
+            {_text(name): bytes(value) for name, value in definitions.items()},
+            {_text(name): _int_or_none(value) for name, value in records.items()},
+        )
+
+    def schedules_revision(self) -> int:
+        """The revision of the runtime schedules' definitions (0 before the first change)."""
+        with self._redis("reading schedules"):
+            return int(self.client.get(self.keys.schedules_rev) or 0)
+
+    def update_schedule(
+        self,
+        name: str,
+        definition: bytes | None,
+        *,
+        revision: int | None,
+        record: int | None,
+        record_action: Literal["keep", "rewind", "drop"] = "keep",
+        cancel: str | None = None,
+        drop_also: str | None = None,
+    ) -> ScheduleUpdate:
+        """Store (or with None delete) a runtime schedule's definition, if the definitions are still at
+        ``revision`` and the schedule's record still ``record`` (as read); see ``schedule_update.lua``.
+
+        ``cancel``: the id of the schedule's latest occurrence, cancelled if it is parked and not yet due.
+        """
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"schedule must be a non-empty string, got {name!r}")
+        args = [
+            name,
+            b"" if definition is None else definition,
+            "" if revision is None else revision,
+            "" if record is None else record,
+            record_action,
+            cancel or "",
+            drop_also or "",
+        ]
+        done, current, now_ms, cancelled = self._run("schedule_update", 0, args)
+        return ScheduleUpdate(bool(int(done)), int(current), int(now_ms), bool(int(cancelled)))
 
     # -- inspection ------------------------------------------------------------------------------------
 

@@ -623,3 +623,60 @@ def test_cron_ls_and_forget(run, store: DelayStore, client) -> None:
     }
     unknown = run("cron", "forget", "nothing", "--yes")
     assert unknown.exit_code == 1 and "no schedule 'nothing'" in unknown.output
+
+
+def test_cron_add_change_pause_resume_run_now_and_remove(run, store: DelayStore) -> None:
+    from delay_broker import RuntimeSchedules
+
+    added = run(
+        "cron",
+        "add",
+        "report",
+        "--task",
+        "send_report",
+        "--cron",
+        "0 9 * * 1-5",
+        "--timezone",
+        "Europe/Paris",
+        "--args",
+        '[42, "x"]',
+        "--kwargs",
+        '{"to": "ops"}',
+        "--end",
+        "2099-01-01",
+    )
+    assert added.exit_code == 0 and "Schedule 'report' added: cron 0 9 * * 1-5 (Europe/Paris)" in added.output
+    stored = RuntimeSchedules(store).get("report")
+    assert stored is not None and stored.call is not None and stored.call.args == (42, "x")
+    assert stored.timing is not None and stored.timing.end_ms == 4_070_908_800_000
+
+    listing = as_json(run("cron", "ls", "--json"))["schedules"]
+    assert [(row["name"], row["source"], row["task"], row["paused"]) for row in listing] == [
+        ("report", "stored", "send_report", False)
+    ]
+    assert "cron 0 9 * * 1-5" in run("cron", "ls").output
+
+    assert as_json(run("cron", "pause", "report", "--json"))["paused"] is True
+    assert "paused" in run("cron", "ls").output
+    assert "resumed" in run("cron", "resume", "report").output
+    changed = as_json(run("cron", "change", "report", "--every", "15m", "--start", "none", "--json"))
+    assert changed["timing"].startswith("every 900 s")
+    requested = as_json(run("cron", "run-now", "report", "--json"))
+    assert requested["name"] == "report" and len(requested["id"]) == 36
+
+    for args, problem in [
+        (("cron", "add", "x", "--every", "1m"), "give --task"),
+        (("cron", "add", "x", "--task", "t", "--every", "1m", "--args", "[oops"), "not JSON"),
+        (("cron", "add", "x", "--task", "t", "--every", "soon"), "--every"),
+        (("cron", "add", "x", "--task", "t"), "either cron= or every="),
+        (("cron", "add", "report", "--task", "t", "--every", "1m"), "already stored"),
+        (("cron", "change", "report"), "nothing to change"),
+        (("cron", "pause", "missing"), "no schedule 'missing'"),
+        (("cron", "remove", "missing", "--yes"), "no stored schedule 'missing'"),
+    ]:
+        result = run(*args)
+        assert result.exit_code != 0 and problem in result.output, (args, result.output)
+
+    assert run("cron", "remove", "report").exit_code == 1, "asks first; not a terminal"
+    assert run("cron", "remove", "report", "--yes").exit_code == 0
+    assert RuntimeSchedules(store).get("report") is None and store.stats().parked == 0

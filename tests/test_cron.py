@@ -41,7 +41,7 @@ def at(text: str) -> int:
         ("   ", "* * * * *", "UTC", "non-empty name"),
         ("report", "every day at nine", "UTC", "not a valid cron expression"),
         ("report", "61 * * * *", "UTC", "not a valid cron expression"),
-        ("report", None, "UTC", "not a valid cron expression"),
+        ("report", None, "UTC", "either cron= or every="),
         ("report", "0 9 * * *", "Mars/Olympus_Mons", "unknown time zone"),
         ("report", "0 9 * * *", None, "IANA name or a tzinfo"),
         ("report", "0 0 31 2 *", "UTC", "has no next occurrence"),

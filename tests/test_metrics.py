@@ -70,10 +70,12 @@ def test_one_scrape_shows_promoter_counters_and_the_store_backlog(store: DelaySt
     store.park("soon", Envelope(route="ready", payload=b"x"), delay=30)
     store.park("tomorrow", Envelope(route="ready", payload=b"x"), delay=26 * 3600)
 
+    listener.missed("nightly", 2)  # a recurring schedule's skipped occurrences (test_runtime_schedules makes some)
     with start_metrics_server(0, store, registry, addr="127.0.0.1") as server:
         assert server.port > 0
         _, samples = scrape(server.url)
     ns = {"namespace": namespace}
+    assert value(samples, "delay_broker_schedule_missed_occurrences_total", schedule="nightly", **ns) == 2
     # Promoter side.
     assert value(samples, "delay_broker_promoted_total", **ns) == 3
     assert value(samples, "delay_broker_dead_lettered_total", **ns) == 1

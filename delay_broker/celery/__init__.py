@@ -23,7 +23,7 @@ from .api import (
     validate,
 )
 from .config import DEFAULT_NAMESPACE, DEFAULT_THRESHOLDS, OPTIONS_KEY, CeleryOptions, parse_options
-from .schedules import schedule, schedules_of
+from .schedules import runtime_schedules, schedule, schedules_of
 
 TRANSPORT_REDIS = "delay_broker.celery.transport:RedisTransport"
 TRANSPORT_SENTINEL = "delay_broker.celery.transport:SentinelTransport"
@@ -46,6 +46,7 @@ __all__ = [
     "install",
     "parse_options",
     "reschedule",
+    "runtime_schedules",
     "schedule",
     "schedules_of",
     "store_for",

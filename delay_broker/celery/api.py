@@ -24,7 +24,7 @@ from .delivery import (
     redis_priority_routes,
 )
 from .messages import parse_celery_time, reschedule_parked
-from .schedules import schedules_of
+from .schedules import occurrence_builder, schedules_of
 from .stores import REDIS_KINDS, RouteBook, check_store, same_redis, shared_store, store_client
 
 
@@ -175,7 +175,8 @@ def build_promoter(app: Any, *, listener: PromoterListener | None = None, **over
         lease=options.lease,
         max_idle=options.max_idle,
         listener=listener,
-        cron=CronScheduler(store, schedules.values()) if schedules else None,
+        # Always a scheduler: schedules stored at runtime reach workers that declare none in code.
+        cron=CronScheduler(store, schedules.values(), builder=lambda call: occurrence_builder(app, call)),
     )
 
 

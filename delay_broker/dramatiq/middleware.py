@@ -6,6 +6,7 @@ import dataclasses
 import logging
 import threading
 import uuid
+from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta, tzinfo
 from typing import Any
 
@@ -16,11 +17,13 @@ from dramatiq.common import q_name
 from dramatiq.errors import QueueNotFound
 
 from ..clock import delay_to_ms, ms_to_datetime
-from ..cron import CronScheduler, Schedule
+from ..cron import Build, CronScheduler, Schedule
 from ..envelope import Envelope
 from ..errors import ConfigurationError, DelayBrokerError, InvalidDelay
 from ..keys import DEFAULT_NAMESPACE
 from ..promoter import Deliverer, DirectDeliverer, Promoter
+from ..schedule_defs import ScheduledCall
+from ..schedules import RuntimeSchedules
 from ..store import DelayStore, MessageInfo
 from .delays import (
     DEFAULT_THRESHOLD,
@@ -279,8 +282,11 @@ class DelayMiddleware(dramatiq.Middleware):
     def schedule(
         self,
         actor: dramatiq.Actor[Any, Any],
-        cron: str,
+        cron: str | None = None,
         *,
+        every: float | timedelta | None = None,
+        start: datetime | None = None,
+        end: datetime | None = None,
         args: tuple[Any, ...] = (),
         kwargs: dict[str, Any] | None = None,
         name: str | None = None,
@@ -288,27 +294,23 @@ class DelayMiddleware(dramatiq.Middleware):
         **options: Any,
     ) -> Schedule:
         """Send ``actor`` a message at every occurrence of ``cron`` (``"0 9 * * 1-5"``; a sixth field is
-        seconds) in ``timezone``, from every worker's promoter at once, each occurrence once.
+        seconds) in ``timezone``, or ``every`` seconds (a number or timedelta, counted from ``start``, else from
+        the epoch), between ``start`` and ``end`` if given, from every worker's promoter at once, each
+        occurrence once.
 
         Declare schedules where the actors are declared, so that every worker (and ``delay-broker promote
         --dramatiq``) knows them. ``name`` (default: the actor's name) identifies the schedule in Redis;
         ``options`` are message options, as for ``send_with_options``. Each occurrence is parked one period
         ahead, so ``delay-broker ls`` shows it; occurrences missed while no promoter ran are skipped.
-        Needs the ``cron`` extra (croniter).
+        :attr:`runtime_schedules` pauses, resumes, re-times or runs it now without a deploy. Cron needs the
+        ``cron`` extra (croniter).
         """
-        frozen_args, frozen_kwargs = tuple(args), dict(kwargs or {})
-
-        def build(id: str, due: datetime) -> Envelope:
-            message = actor.message_with_options(args=frozen_args, kwargs=frozen_kwargs, **options)
-            # Created at its due time, not when parked a period ahead: AgeLimit (max_age) counts from it.
-            created = int(due.timestamp() * 1000)
-            return self._envelope(dataclasses.replace(message, message_id=id, message_timestamp=created))[1]
-
-        schedule = Schedule.create(name or actor.actor_name, cron, build, timezone)
+        build = self._occurrence_builder(lambda: actor, tuple(args), dict(kwargs or {}), options)
+        schedule = Schedule.create(name or actor.actor_name, cron, build, timezone, every=every, start=start, end=end)
         if schedule.name in self._schedules:
             raise ConfigurationError(f"there is already a schedule named {schedule.name!r}: give this one a name")
         # Fail here, at declaration, rather than in a worker at the first occurrence.
-        actor.message_with_options(args=frozen_args, kwargs=frozen_kwargs, **options).encode()
+        actor.message_with_options(args=tuple(args), kwargs=dict(kwargs or {}), **options).encode()
         self._schedules[schedule.name] = schedule
         return schedule
 
@@ -316,6 +318,42 @@ class DelayMiddleware(dramatiq.Middleware):
     def schedules(self) -> dict[str, Schedule]:
         """The recurring schedules declared with :meth:`schedule`, by name."""
         return dict(self._schedules)
+
+    @property
+    def runtime_schedules(self) -> RuntimeSchedules:
+        """Schedules managed at runtime (add, change, pause, resume, run now, remove) in this store; a call's
+        ``task`` is an actor name of this broker. Every promoter of the namespace runs them."""
+        return RuntimeSchedules(self.store, check=self._check_call)
+
+    def _check_call(self, call: ScheduledCall) -> None:
+        actor = self._actor(call.task)
+        actor.message_with_options(args=call.args, kwargs=dict(call.kwargs), **call.options).encode()
+
+    def _actor(self, name: str) -> dramatiq.Actor[Any, Any]:
+        try:
+            return self._installed().get_actor(name)
+        except dramatiq.errors.ActorNotFound:
+            raise ConfigurationError(f"no actor named {name!r} is declared on this broker") from None
+
+    def _stored_build(self, call: ScheduledCall) -> Build:
+        """How the promoters make the message of a stored schedule: the actor is looked up at each occurrence,
+        so a schedule stored before its actor was deployed runs once it is."""
+        return self._occurrence_builder(lambda: self._actor(call.task), call.args, dict(call.kwargs), call.options)
+
+    def _occurrence_builder(
+        self,
+        actor_of: Callable[[], dramatiq.Actor[Any, Any]],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        options: Mapping[str, Any],
+    ) -> Build:
+        def build(id: str, due: datetime) -> Envelope:
+            message = actor_of().message_with_options(args=args, kwargs=kwargs, **options)
+            # Created at its due time, not when parked a period ahead: AgeLimit (max_age) counts from it.
+            created = int(due.timestamp() * 1000)
+            return self._envelope(dataclasses.replace(message, message_id=id, message_timestamp=created))[1]
+
+        return build
 
     # -- promotion -------------------------------------------------------------------------------------
 
@@ -328,7 +366,8 @@ class DelayMiddleware(dramatiq.Middleware):
 
     def build_promoter(self, **overrides: Any) -> Promoter:
         """A promoter for this broker; ``overrides`` replace ``batch``, ``lease``, ``max_idle`` and so on."""
-        cron = CronScheduler(self.store, self._schedules.values()) if self._schedules else None
+        # Always a scheduler: schedules stored at runtime reach promoters that declare none in code.
+        cron = CronScheduler(self.store, self._schedules.values(), builder=self._stored_build)
         return Promoter(self.store, self.deliverer(), cron=cron, **{**self.promoter_options, **overrides})
 
     def after_worker_boot(self, broker: dramatiq.Broker, worker: dramatiq.Worker) -> None:

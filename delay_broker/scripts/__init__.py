@@ -25,6 +25,7 @@ NAMES = (
     "requeue",
     "purge",
     "trim_dead",
+    "schedule_update",
 )
 
 

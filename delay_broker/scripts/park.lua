@@ -11,6 +11,7 @@
 --   WAKE      LIST wake marker
 --   STATS     HASH counters
 --   CRON      HASH schedule name -> due ms of the latest occurrence parked for it
+--   SCHEDULES_REV  STRING revision of the runtime schedules' definitions
 -- ARGV[1] on_conflict: 'replace' (reschedule and replace the payload) or 'keep' (leave an existing id alone)
 -- ARGV[2] max_due_ms: latest due time accepted
 -- ARGV[3] schedule: '' or the name of a recurring schedule. With a name the call parks one occurrence, and
@@ -18,12 +19,16 @@
 --         schedulers may offer the same occurrence, before or after it was promoted, and it runs once.
 -- ARGV[4] max_delay_ms: latest due time accepted, counted from Redis TIME (the store's max_delay), or -1 for
 --         none. Checked here, where the due time is computed, so it costs no extra round trip.
--- ARGV[5..] groups of 4: id, kind ('d' = delay in ms from Redis TIME, 'a' = absolute due ms), value, envelope
+-- ARGV[5] schedules revision: with a schedule, the revision of the definitions the occurrence was built from,
+--         or '' for a schedule that does not depend on them. A changed revision (a schedule added, changed,
+--         paused ...) refuses the occurrence: the scheduler reads the definitions again and offers anew.
+-- ARGV[6..] groups of 4: id, kind ('d' = delay in ms from Redis TIME, 'a' = absolute due ms), value, envelope
 -- Returns a flat list, two entries per message: due_ms, outcome (1 = new, 2 = replaced, 0 = kept existing;
 -- for a kept message due_ms is its current due time, or -1 when it is in flight or dead; for a refused
--- occurrence, the due time of the latest occurrence parked for its schedule); then 1 if WAKE was pushed, else 0.
+-- occurrence, the due time of the latest occurrence parked for its schedule; outcome 3 = refused, the schedules
+-- revision changed); then 1 if WAKE was pushed, else 0.
 
-local FIRST_GROUP = 5
+local FIRST_GROUP = 6
 local replace = ARGV[1] == 'replace'
 local max_due = tonumber(ARGV[2])
 local schedule = ARGV[3]
@@ -59,12 +64,15 @@ local seq = next_seq(SEQ, count)
 
 -- Only scheduled parks read the cron record: a stray key there must not stop ordinary sends.
 if schedule ~= '' then
-    problem = wrong_type(CRON, 'hash')
+    problem = wrong_type(CRON, 'hash', SCHEDULES_REV, 'string')
     if problem then
         return problem
     end
     if count ~= 1 then
         return redis.error_reply('ERR a scheduled occurrence is parked on its own')
+    end
+    if ARGV[5] ~= '' and (redis.call('GET', SCHEDULES_REV) or '0') ~= ARGV[5] then
+        return {-1, 3, 0}
     end
     local latest = redis.call('HGET', CRON, schedule)
     if latest then

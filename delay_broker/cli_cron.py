@@ -1,0 +1,338 @@
+"""``delay-broker cron``: recurring schedules, declared in code or managed at runtime (add, change, pause ...)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import click
+from rich.table import Table
+from rich.text import Text
+
+from .cli_commands import (
+    STATE_WORDS,
+    OrderedGroup,
+    cell,
+    cli,
+    confirm,
+    confirm_option,
+    emit_json,
+    open_session,
+    reports_errors,
+    store_options,
+)
+from .cli_format import format_relative, format_time, iso_time, parse_duration, parse_iso, printable
+from .schedule_defs import CorruptSchedule, ScheduleDefinition, is_run_now_record, occurrence_id
+from .schedules import RuntimeSchedules
+from .store import DelayStore
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+@cli.group(cls=OrderedGroup, short_help="Recurring schedules: ls, add, change, pause, resume, run-now, remove.")
+def cron() -> None:
+    """Recurring schedules: declared in code (DelayMiddleware.schedule, delay_broker.celery.schedule) or stored
+    at runtime with these commands. Every promoter of the namespace runs both; each occurrence runs once.
+
+    \b
+      delay-broker cron ls                   schedules, their timing, state and next occurrence
+      delay-broker cron add NAME --task T --cron "0 9 * * 1-5" [--args '[1]'] [--timezone Europe/Paris]
+      delay-broker cron add NAME --task T --every 15m [--start ISO] [--end ISO]
+      delay-broker cron change NAME --every 1h      re-time (also a schedule declared in code)
+      delay-broker cron pause NAME / resume NAME    stop and restart its occurrences
+      delay-broker cron run-now NAME                send its message once, now
+      delay-broker cron remove NAME                 delete a stored schedule (asks first)
+      delay-broker cron forget NAME                 drop a schedule's record and its parked occurrence
+
+    --task is the Celery task name or the Dramatiq actor name; --args, --kwargs and --options are JSON.
+    """
+
+
+def schedule_rows(store: DelayStore) -> list[dict[str, Any]]:
+    stored = store.stored_schedules()
+    rows = []
+    for name in sorted({*stored.definitions, *(r for r in stored.records if not is_run_now_record(r))}):
+        due_ms = stored.records.get(name)
+        malformed = name in stored.records and due_ms is None
+        id = None if due_ms is None else occurrence_id(store.keys.namespace, name, due_ms)
+        info = None if id is None else store.get(id)
+        state = "malformed record" if malformed else "none parked" if id is None else None
+        state = state or (STATE_WORDS[info.state] if info else "gone (ran or cancelled)")
+        row: dict[str, Any] = {"name": name, "due_ms": due_ms, "due": iso_time(due_ms), "id": id, "state": state}
+        row.update(_definition_fields(name, stored.definitions.get(name)))
+        rows.append(row)
+    return rows
+
+
+def _definition_fields(name: str, raw: bytes | None) -> dict[str, Any]:
+    if raw is None:
+        return {"source": "code", "timing": None, "task": None, "paused": False}
+    try:
+        definition = ScheduleDefinition.decode(name, raw)
+    except CorruptSchedule as error:
+        return {"source": "stored", "timing": None, "task": None, "paused": False, "problem": str(error)}
+    return {
+        "source": "stored" if definition.call is not None else "code, overridden",
+        "timing": None if definition.timing is None else definition.timing.describe(),
+        "task": None if definition.call is None else definition.call.task,
+        "args": None if definition.call is None else list(definition.call.args),
+        "kwargs": None if definition.call is None else dict(definition.call.kwargs),
+        "paused": definition.paused,
+    }
+
+
+@cron.command("ls", short_help="List recurring schedules, their timing, state and next occurrence.")
+@store_options
+@reports_errors
+def cron_ls(redis_url: str | None, namespace: str, as_json: bool) -> None:
+    """List the recurring schedules of this namespace: those stored at runtime, and those declared in code that
+    parked an occurrence; with the latest occurrence parked (the next to run, unless it was already promoted),
+    its message id and its state."""
+    session = open_session(redis_url, namespace, as_json)
+    rows = schedule_rows(session.store)
+    if as_json:
+        emit_json({"schedules": rows})
+        return
+    if not rows:
+        session.console.print("No recurring schedule is stored or has parked an occurrence in this namespace.")
+        return
+    now_ms = session.store.now_ms()
+    table = Table("schedule", "source", "timing", "latest occurrence", "due in", "message id", "state", box=None)
+    for row in rows:
+        table.add_row(
+            cell(row["name"]),
+            row["source"],
+            cell(row.get("problem") or row["timing"] or "(in code)"),
+            format_time(row["due_ms"]),
+            format_relative(row["due_ms"], now_ms),
+            row["id"] or "-",
+            "paused" if row["paused"] else row["state"],
+        )
+    session.console.print(table)
+
+
+def _json_option(label: str) -> Callable[[str | None], Any]:
+    def parse(text: str | None) -> Any:
+        if text is None:
+            return None
+        try:
+            return json.loads(text)
+        except ValueError as error:
+            raise click.BadParameter(f"not JSON: {error}", param_hint=label) from None
+
+    return parse
+
+
+def _instant(label: str, text: str | None) -> Any:
+    if text is None:
+        return None
+    try:
+        return parse_iso(text)
+    except ValueError as error:
+        raise click.BadParameter(str(error), param_hint=label) from None
+
+
+def _every(text: str | None) -> float | None:
+    if text is None:
+        return None
+    try:
+        return parse_duration(text)
+    except ValueError as error:
+        raise click.BadParameter(str(error), param_hint="--every") from None
+
+
+def timing_options(func: F) -> F:
+    for decorator in reversed(
+        (
+            click.option(
+                "--cron", "cron_expr", metavar="EXPR", help='Cron expression, e.g. "0 9 * * 1-5" (6th field: seconds).'
+            ),
+            click.option("--every", metavar="DURATION", help="Interval instead of cron: 30s, 15m, 1h, 1d ..."),
+            click.option("--timezone", metavar="ZONE", help="IANA time zone of the cron expression (default UTC)."),
+            click.option(
+                "--start", metavar="ISO-TIME", help="No occurrence before (UTC unless given); 'none' clears it."
+            ),
+            click.option("--end", metavar="ISO-TIME", help="No occurrence after (UTC unless given); 'none' clears it."),
+            click.option("--task", metavar="NAME", help="Celery task name or Dramatiq actor name to send."),
+            click.option("--args", "args_json", metavar="JSON", help="Positional arguments, a JSON list."),
+            click.option("--kwargs", "kwargs_json", metavar="JSON", help="Keyword arguments, a JSON object."),
+            click.option(
+                "--options", "options_json", metavar="JSON", help="Message options, a JSON object (queue ...)."
+            ),
+        )
+    ):
+        func = decorator(func)
+    return func
+
+
+def print_definition(session: Any, verb: str, definition: ScheduleDefinition) -> None:
+    if session.as_json:
+        emit_json({"name": definition.name, verb: True, **_definition_fields(definition.name, definition.encode())})
+        return
+    timing = "its code's timing" if definition.timing is None else definition.timing.describe()
+    paused = " (paused)" if definition.paused else ""
+    session.console.print(Text(f"Schedule {printable(definition.name)!r} {verb}: {timing}{paused}."))
+
+
+@cron.command("add", short_help="Store a new recurring schedule (runs in every promoter of the namespace).")
+@click.argument("name")
+@timing_options
+@click.option("--paused", is_flag=True, help="Store it paused (resume it later).")
+@store_options
+@reports_errors
+def cron_add(
+    name: str,
+    cron_expr: str | None,
+    every: str | None,
+    timezone: str | None,
+    start: str | None,
+    end: str | None,
+    task: str | None,
+    args_json: str | None,
+    kwargs_json: str | None,
+    options_json: str | None,
+    paused: bool,
+    redis_url: str | None,
+    namespace: str,
+    as_json: bool,
+) -> None:
+    """Store schedule NAME: send --task with --args/--kwargs at every occurrence of --cron or --every. Promoters
+    pick it up within seconds; an unknown task or actor is reported in the promoters' logs at each occurrence."""
+    if task is None:
+        raise click.UsageError("give --task: the Celery task name or Dramatiq actor name to send")
+    session = open_session(redis_url, namespace, as_json)
+    definition = RuntimeSchedules(session.store).add(
+        name,
+        task,
+        cron=cron_expr,
+        every=_every(every),
+        args=_json_option("--args")(args_json) or [],
+        kwargs=_json_option("--kwargs")(kwargs_json),
+        options=_json_option("--options")(options_json),
+        timezone=timezone or "UTC",
+        start=_instant("--start", start),
+        end=_instant("--end", end),
+        paused=paused,
+    )
+    print_definition(session, "added", definition)
+
+
+@cron.command("change", short_help="Change a schedule's timing or message (also one declared in code).")
+@click.argument("name")
+@timing_options
+@store_options
+@reports_errors
+def cron_change(
+    name: str,
+    cron_expr: str | None,
+    every: str | None,
+    timezone: str | None,
+    start: str | None,
+    end: str | None,
+    task: str | None,
+    args_json: str | None,
+    kwargs_json: str | None,
+    options_json: str | None,
+    redis_url: str | None,
+    namespace: str,
+    as_json: bool,
+) -> None:
+    """Change what is given and keep the rest. Its parked occurrence under the old definition is cancelled
+    and the first one after now under the new one is parked. On a schedule declared in code, a new timing
+    overrides the code's until 'cron remove NAME'."""
+    changes: dict[str, Any] = {}
+    if cron_expr is not None:
+        changes["cron"] = cron_expr
+    if every is not None:
+        changes["every"] = _every(every)
+    if timezone is not None:
+        changes["timezone"] = timezone
+    for label, text in (("start", start), ("end", end)):
+        if text is not None:
+            changes[label] = None if text.lower() == "none" else _instant(f"--{label}", text)
+    if task is not None:
+        changes["task"] = task
+    for label, text in (("args", args_json), ("kwargs", kwargs_json), ("options", options_json)):
+        if text is not None:
+            changes[label] = _json_option(f"--{label}")(text)
+    if not changes:
+        raise click.UsageError("nothing to change: give --cron, --every, --task, --args ...")
+    session = open_session(redis_url, namespace, as_json)
+    print_definition(session, "changed", RuntimeSchedules(session.store).change(name, **changes))
+
+
+def _simple(verb: str, action: str, help_text: str) -> None:
+    @cron.command(verb, short_help=help_text)
+    @click.argument("name")
+    @store_options
+    @reports_errors
+    def command(name: str, redis_url: str | None, namespace: str, as_json: bool) -> None:
+        session = open_session(redis_url, namespace, as_json)
+        print_definition(session, action, getattr(RuntimeSchedules(session.store), verb)(name))
+
+    command.__doc__ = help_text
+
+
+_simple("pause", "paused", "Stop a schedule's occurrences (its parked one is cancelled); run-now still works.")
+_simple("resume", "resumed", "Restart a paused schedule from its first occurrence after now.")
+
+
+@cron.command("run-now", short_help="Send a schedule's message once, now, besides its occurrences.")
+@click.argument("name")
+@store_options
+@reports_errors
+def cron_run_now(name: str, redis_url: str | None, namespace: str, as_json: bool) -> None:
+    """Send schedule NAME's message once, now: a promoter parks it (once) within a second or so."""
+    session = open_session(redis_url, namespace, as_json)
+    id = RuntimeSchedules(session.store).run_now(name)
+    if as_json:
+        emit_json({"name": name, "id": id})
+    else:
+        session.console.print(Text(f"Asked for a run of {printable(name)!r} now: message id {id}."))
+
+
+@cron.command("remove", short_help="Delete a stored schedule and cancel its parked occurrence (asks first).")
+@click.argument("name")
+@confirm_option
+@store_options
+@reports_errors
+def cron_remove(name: str, yes: bool, redis_url: str | None, namespace: str, as_json: bool) -> None:
+    """Delete the stored definition of NAME, its record and its parked occurrence. A schedule declared in code
+    goes back to its code's timing."""
+    session = open_session(redis_url, namespace, as_json)
+    schedules = RuntimeSchedules(session.store)
+    if schedules.get(name) is None:
+        raise click.ClickException(f"no stored schedule {printable(name)!r} in namespace {namespace!r}")
+    confirm(f"remove schedule {printable(name)!r}", f"Remove schedule {printable(name)!r}?", yes)
+    schedules.remove(name)
+    if as_json:
+        emit_json({"name": name, "removed": True})
+    else:
+        session.console.print(Text(f"Removed schedule {printable(name)!r}."))
+
+
+@cron.command("forget", short_help="Drop a schedule's record and cancel its parked occurrence (asks first).")
+@click.argument("name")
+@confirm_option
+@store_options
+@reports_errors
+def cron_forget(name: str, yes: bool, redis_url: str | None, namespace: str, as_json: bool) -> None:
+    """Drop the record of schedule NAME and cancel its parked occurrence: for a schedule removed from the
+    application. A promoter that still declares it parks its next occurrence again."""
+    session = open_session(redis_url, namespace, as_json)
+    recorded = [
+        row for row in schedule_rows(session.store) if row["due_ms"] is not None or row["state"] == "malformed record"
+    ]
+    row = next((row for row in recorded if row["name"] == name), None)
+    if row is None:
+        raise click.ClickException(f"no schedule {printable(name)!r} in namespace {namespace!r}")
+    what = f"schedule {printable(name)!r}"
+    confirm(f"forget {what}", f"Forget {what} and cancel its next run?", yes)
+    cancelled = row["id"] is not None and session.store.cancel(row["id"])
+    session.store.forget_schedule(name)
+    if as_json:
+        emit_json({"name": name, "forgotten": True, "cancelled": cancelled})
+    else:
+        note = f"; cancelled its occurrence {row['id']}" if cancelled else ""
+        session.console.print(Text(f"Forgot schedule {printable(name)!r}{note}."))

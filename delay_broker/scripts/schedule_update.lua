@@ -1,0 +1,67 @@
+-- schedule_update.lua: change the stored definition of a runtime schedule, in step with its record.
+-- KEYS: shard 0's keys in delay_broker.keys.SCRIPT_KEYS order, named by the prelude. Uses:
+--   SCHEDULES      HASH schedule name -> definition (JSON, written and read by delay_broker.schedules)
+--   SCHEDULES_REV  STRING revision of SCHEDULES, incremented by every change (schedulers re-read on a change)
+--   CRON           HASH schedule name -> due ms of the latest occurrence parked for it
+--   DUE            ZSET id -> score (the schedule's parked occurrence may be cancelled)
+--   MSG            HASH id -> envelope
+--   STATS          HASH counters
+--   WAKE           LIST wake marker (a change wakes a promoter, which re-reads the schedules at once)
+-- ARGV[1] name
+-- ARGV[2] definition: JSON text to store, or '' to delete the schedule's definition
+-- ARGV[3] expected revision: what the caller read SCHEDULES at ('' skips the check)
+-- ARGV[4] expected record: the CRON value the caller read ('' when there was none)
+-- ARGV[5] record: 'keep'; 'rewind' (the latest occurrence becomes now: the next one parked is the first after
+--         now, and none before now is caught up); 'drop' (delete it, and the record named by ARGV[7])
+-- ARGV[6] id of the schedule's latest occurrence, cancelled if it is still parked and not yet due ('' none)
+-- ARGV[7] name of a second record deleted with 'drop' ('' none)
+-- Returns {1, revision, now, cancelled (1/0)}, or {0, current revision, now, 0} when the revision or the record
+-- changed since the caller read them (nothing was changed; read again and retry).
+
+local name = ARGV[1]
+local now = now_ms()
+
+local problem = wrong_type(SCHEDULES, 'hash', SCHEDULES_REV, 'string', CRON, 'hash', DUE, 'zset', MSG, 'hash',
+    STATS, 'hash', WAKE, 'list')
+if problem then
+    return problem
+end
+
+local revision = tonumber(redis.call('GET', SCHEDULES_REV) or '0')
+if not revision then
+    return redis.error_reply('ERR key ' .. SCHEDULES_REV .. ' is not an integer counter: nothing was changed; '
+        .. 'delete it to let delay_broker go on')
+end
+local record = redis.call('HGET', CRON, name) or ''
+if (ARGV[3] ~= '' and tonumber(ARGV[3]) ~= revision) or record ~= ARGV[4] then
+    return {0, revision, now, 0}
+end
+
+local cancelled = 0
+local id = ARGV[6]
+if id ~= '' then
+    local score = redis.call('ZSCORE', DUE, id)
+    if score and due_of(score) > now then
+        redis.call('ZREM', DUE, id)
+        redis.call('HDEL', MSG, id)
+        redis.call('HINCRBY', STATS, 'cancelled', 1)
+        cancelled = 1
+    end
+end
+
+if ARGV[2] == '' then
+    redis.call('HDEL', SCHEDULES, name)
+else
+    redis.call('HSET', SCHEDULES, name, ARGV[2])
+end
+if ARGV[5] == 'rewind' then
+    redis.call('HSET', CRON, name, now)
+elseif ARGV[5] == 'drop' then
+    redis.call('HDEL', CRON, name)
+    if ARGV[7] ~= '' then
+        redis.call('HDEL', CRON, ARGV[7])
+    end
+end
+revision = redis.call('INCR', SCHEDULES_REV)
+wake_one(WAKE)
+return {1, revision, now, cancelled}
