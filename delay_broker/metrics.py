@@ -25,7 +25,7 @@ import functools
 import logging
 import threading
 import weakref
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from socketserver import ThreadingMixIn
 from types import ModuleType
 from typing import TYPE_CHECKING, Any
@@ -47,6 +47,12 @@ LATENESS_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.
 
 STAGES = ("redis", "target", "internal")
 """Where a promoter cycle can fail: the store's Redis, the target broker, anything else (a bug)."""
+
+MAX_QUEUES = 100
+MAX_TASKS = 500
+"""Label values of ``delay_broker_promoted_by_task_total`` a process keeps apart; more are folded into
+``other``, so a producer parking under ever new names cannot grow the metric without bound."""
+OTHER = "other"
 
 DUE_BUCKETS = ("overdue", "1m", "1h", "1d", "later")
 """``due`` label values of ``delay_broker_parked_by_due_messages``: overdue, due within a minute (not overdue),
@@ -77,6 +83,8 @@ class _PromoterFamilies:
 
     def __init__(self, registry: CollectorRegistry) -> None:
         prom = prometheus()
+        self.queues: set[str] = set()
+        self.tasks: set[str] = set()
         self.promoted = prom.Counter(
             f"{PREFIX}_promoted",
             "Messages promoted (handed back to their queue) by promoters of this process.",
@@ -102,12 +110,28 @@ class _PromoterFamilies:
             ["namespace"],
             registry=registry,
         )
+        self.by_task = prom.Counter(
+            f"{PREFIX}_promoted_by_task",
+            "Messages promoted by promoters of this process, per queue and actor or task name (at most "
+            f"{MAX_QUEUES} queues and {MAX_TASKS} names per process; the rest are counted as 'other').",
+            ["namespace", "queue", "task"],
+            registry=registry,
+        )
         self.missed = prom.Counter(
             f"{PREFIX}_schedule_missed_occurrences",
             "Occurrences of recurring schedules skipped because no promoter ran them within a minute of their time.",
             ["namespace", "schedule"],
             registry=registry,
         )
+
+    def bounded(self, queue: str, task: str) -> tuple[str, str]:
+        """The label values for a queue and task name: themselves, or ``other`` past the per-process bound."""
+        with _families_lock:
+            if queue not in self.queues and len(self.queues) < MAX_QUEUES:
+                self.queues.add(queue)
+            if task not in self.tasks and len(self.tasks) < MAX_TASKS:
+                self.tasks.add(task)
+        return (queue if queue in self.queues else OTHER, task if task in self.tasks else OTHER)
 
 
 _families: weakref.WeakKeyDictionary[CollectorRegistry, _PromoterFamilies] = weakref.WeakKeyDictionary()
@@ -161,6 +185,12 @@ class PromoterMetrics:
             counter = self._families.errors.labels(namespace=self.namespace, stage=stage)
         counter.inc()
 
+    def promoted_by_task(self, counts: Mapping[tuple[str, str], int]) -> None:
+        """Promotions per queue and name, with a bounded label set (see :data:`MAX_QUEUES`)."""
+        for (queue, task), count in counts.items():
+            labels = self._families.bounded(queue, task or "-")
+            self._families.by_task.labels(namespace=self.namespace, queue=labels[0], task=labels[1]).inc(count)
+
     def missed(self, schedule: str, count: int) -> None:
         """Occurrences of a recurring schedule skipped (a bounded label set: one per schedule)."""
         if count > 0:
@@ -184,6 +214,12 @@ class ListenerChain:
     def failed(self, stage: str) -> None:
         for listener in self.listeners:
             listener.failed(stage)
+
+    def promoted_by_task(self, counts: Mapping[tuple[str, str], int]) -> None:
+        for listener in self.listeners:
+            method = getattr(listener, "promoted_by_task", None)
+            if method is not None:
+                method(counts)
 
     def missed(self, schedule: str, count: int) -> None:
         for listener in self.listeners:

@@ -11,6 +11,7 @@ import logging
 import random
 import threading
 import time
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
@@ -66,6 +67,7 @@ class PromoterListener(Protocol):
 
     # Optional (looked up with getattr, so listeners written before it keep working):
     # def missed(self, schedule: str, count: int) -> None  -- occurrences a recurring schedule skipped
+    # def promoted_by_task(self, counts: Mapping[tuple[str, str], int]) -> None  -- promoted per (queue, name)
 
 
 @dataclass
@@ -290,7 +292,7 @@ class Promoter:
         """Returns whether the batch was full and how long (s) until something may be due in the shard."""
         if isinstance(self.deliverer, DirectDeliverer):
             result = self.store.promote_direct(self.deliverer.direct_routes(), self.batch, self.id, shard=shard)
-            self._promoted(result.lateness_ms, result.dead_lettered)
+            self._promoted(result.lateness_ms, result.dead_lettered, result.by_task)
             if result.dead_lettered:
                 self._dead_in.add(shard)
                 logger.warning(
@@ -314,6 +316,7 @@ class Promoter:
         give_up_at = started + self.lease * 0.8
         delivered: list[str] = []
         lateness: list[int] = []
+        by_task: Counter[tuple[str, str]] = Counter()
         failures: list[tuple[str, str, NackAction]] = []
         outage: TargetUnavailable | None = None
         for message in messages:
@@ -337,6 +340,7 @@ class Promoter:
                 failures.append((message.id, reason, "retry"))
             else:
                 delivered.append(message.id)
+                by_task[message.envelope.route, message.envelope.name or ""] += 1
                 elapsed_ms = int((time.monotonic() - started) * 1000)
                 lateness.append(now_ms + elapsed_ms - message.due_ms)
         dead = 0
@@ -353,15 +357,18 @@ class Promoter:
                     logger.warning("Promoter %s: dead-lettered %s: %s", self.id, id, reason)
         if delivered:
             self.store.ack(deadline_ms, delivered, shard=claim.shard)
-        self._promoted(lateness, dead)
+        self._promoted(lateness, dead, by_task)
         if outage is not None:
             raise outage
 
-    def _promoted(self, lateness: Sequence[int], dead: int) -> None:
+    def _promoted(self, lateness: Sequence[int], dead: int, by_task: Mapping[tuple[str, str], int]) -> None:
         if lateness:
             self.counters.record(lateness)
             if self.listener:
                 self.listener.promoted(lateness)
+                promoted_by_task = getattr(self.listener, "promoted_by_task", None)
+                if promoted_by_task is not None and by_task:
+                    promoted_by_task(by_task)
         if dead:
             self.counters.dead_lettered += dead
             if self.listener:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Literal
 
@@ -63,6 +63,8 @@ class DirectPromotion:
     dead_lettered: int
     lateness_ms: list[int]
     shard: int = 0
+    by_task: dict[tuple[str, str], int] = field(default_factory=dict)
+    """Messages promoted per (route, name): the queue and the actor or task name ('' when the envelope has none)."""
 
 
 @dataclass(frozen=True)

@@ -804,13 +804,17 @@ class DelayStore:
             args.extend((name, target.mode))
         reply = self._run("promote_list", shard, args, extra=extra)
         next_due = int(reply[1])
+        groups_end = 5 + 3 * int(reply[4])
+        groups = reply[5:groups_end]
+        by_task = {(_text(groups[i]), _text(groups[i + 1])): int(groups[i + 2]) for i in range(0, len(groups), 3)}
         return DirectPromotion(
             now_ms=int(reply[0]),
             next_due_ms=None if next_due < 0 else next_due,
             promoted=int(reply[2]),
             dead_lettered=int(reply[3]),
-            lateness_ms=[int(value) for value in reply[4:]],
+            lateness_ms=[int(value) for value in reply[groups_end:]],
             shard=shard,
+            by_task=by_task,
         )
 
     def _idle_look(self, shard: int, promoter_id: str) -> DirectPromotion:

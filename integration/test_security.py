@@ -27,8 +27,10 @@ from delay_broker import (
     ListTarget,
     ParkRequest,
     Promoter,
+    RuntimeSchedules,
     StoreUnavailable,
 )
+from delay_broker.cron import CronScheduler
 from delay_broker.deliverers import DirectLists, ListDeliverer
 from delay_broker.embedded import EmbeddedRedis, free_port
 from tests.helpers import wait_for as shared_wait_for
@@ -115,6 +117,16 @@ def exercise(store: DelayStore, client: redis.Redis, targets: dict[str, ListTarg
     claim = store.claim(10, lease=30, promoter_id="p")
     store.nack(claim.lease_deadline_ms, [(m.id, "x", "dead") for m in claim.messages])
     assert store.purge_dead() >= 1
+    # Recurring schedules, stored at runtime and run by a scheduler.
+    schedules = RuntimeSchedules(store)
+    schedules.add("acl", "t", every=60)
+    scheduler = CronScheduler(store, builder=lambda call: lambda id, due: Envelope(route="ready", payload=b"s"))
+    assert scheduler.run_pending() == 1
+    schedules.pause("acl")
+    schedules.run_now("acl")
+    time.sleep(0.6)  # past the scheduler's shortest wait between two reads of the schedules' revision
+    assert scheduler.run_pending() == 1
+    schedules.remove("acl")
     store.wait_for_wake(0.01, "p")
     store.wake("p")
     store.forget_promoter("p")

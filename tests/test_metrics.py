@@ -210,3 +210,43 @@ def test_promoter_logs_state_changes_and_dead_letters_but_nothing_per_message(st
     assert ("INFO", f"Promoter {promoter.id} stopped.") in lines
     assert any(level == "WARNING" and "dead-lettered 1 message(s): unknown route" in text for level, text in lines)
     assert len([line for line in lines if line[0] == "INFO"]) == 2  # nothing per promoted message
+
+
+class Delivered:
+    """An at-least-once deliverer whose broker takes everything."""
+
+    def deliver(self, message: ClaimedMessage) -> None:
+        pass
+
+
+@pytest.mark.parametrize("path", ["exactly-once", "at-least-once"])
+def test_promotions_are_counted_per_queue_and_task_name_with_a_bounded_label_set(
+    store: DelayStore, namespace, path, monkeypatch
+):
+    import delay_broker.metrics as metrics
+
+    monkeypatch.setattr(metrics, "MAX_TASKS", 3)
+    registry = CollectorRegistry()
+    listener = PromoterMetrics.for_store(store, registry)
+    sent = [("emails", "send_welcome")] * 3 + [("emails", "send_digest"), ("reports", "build")] + [("reports", None)]
+    sent += [("reports", f"generated_{n}") for n in range(4)]  # past the bound of names
+    for n, (queue, task) in enumerate(sent):
+        store.park(f"m{n}", Envelope(route=queue, name=task, payload=b"x"), delay=0)
+    targets = {queue: ListTarget(f"{namespace}:{queue}") for queue in ("emails", "reports")}
+    deliverer = DirectLists(targets) if path == "exactly-once" else Delivered()
+    promoter = Promoter(store, deliverer, listener=listener, max_idle=0.5).start()
+    try:
+        wait_for(lambda: promoter.counters.promoted == len(sent))
+    finally:
+        promoter.stop()
+    counts = {
+        (sample.labels["queue"], sample.labels["task"]): sample.value
+        for family in registry.collect()
+        if family.name == "delay_broker_promoted_by_task"
+        for sample in family.samples
+        if sample.name.endswith("_total") and sample.labels["namespace"] == namespace
+    }
+    assert sum(counts.values()) == len(sent)
+    assert counts[("emails", "send_welcome")] == 3 and counts[("emails", "send_digest")] == 1
+    assert len({task for _, task in counts}) <= 4, "three names of their own, the rest as 'other'"
+    assert counts.get(("reports", "other"), 0) >= 4

@@ -16,7 +16,9 @@
 --   mode 'rpush': RPUSH the payload (consumers LPOP)
 --   mode 'hash':  HSET hash <field> payload, then RPUSH list <field>, where <field> is the envelope header's
 --                 'h' (Dramatiq's RedisBroker: <ns>:<queue>.msgs and <ns>:<queue>)
--- Returns {now_ms, next_due_ms (-1: nothing parked), promoted, dead_lettered, lateness_ms...}.
+-- Returns {now_ms, next_due_ms (-1: nothing parked), promoted, dead_lettered, groups, then per group: route,
+-- name (the envelope's 'n', '' without one), count; then lateness_ms of each message promoted}: the groups
+-- feed metrics per queue and task name.
 -- An envelope with no route among these goes to the dead letters: a stored message can reach only the
 -- queues the application declared.
 
@@ -36,6 +38,8 @@ end
 
 local promoted, dead = 0, 0
 local result = {now, -1, 0, 0}
+local lateness = {}
+local counted, by_task = {}, {}
 local ready = count_due(DUE, now, batch)
 if ready > 0 then
     -- Every key written below must hold the right type before the first write (see wrong_type).
@@ -106,7 +110,16 @@ if ready > 0 then
                     items[#items + 1] = payload
                 end
                 promoted = promoted + 1
-                result[4 + promoted] = now - due_of(due[n * 2])
+                lateness[promoted] = now - due_of(due[n * 2])
+                local name = type(header.n) == 'string' and header.n or ''
+                local key = header.r .. '\0' .. name
+                local group_index = counted[key]
+                if not group_index then
+                    by_task[#by_task + 1] = {header.r, name, 0}
+                    group_index = #by_task
+                    counted[key] = group_index
+                end
+                by_task[group_index][3] = by_task[group_index][3] + 1
             end
         end
     end
@@ -133,4 +146,13 @@ if next_due then
 end
 result[3] = promoted
 result[4] = dead
+result[5] = #by_task
+for _, group in ipairs(by_task) do
+    result[#result + 1] = group[1]
+    result[#result + 1] = group[2]
+    result[#result + 1] = group[3]
+end
+for _, value in ipairs(lateness) do
+    result[#result + 1] = value
+end
 return result

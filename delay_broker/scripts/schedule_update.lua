@@ -62,6 +62,6 @@ elseif ARGV[5] == 'drop' then
         redis.call('HDEL', CRON, ARGV[7])
     end
 end
-revision = redis.call('INCR', SCHEDULES_REV)
+revision = redis.call('INCRBY', SCHEDULES_REV, 1)
 wake_one(WAKE)
 return {1, revision, now, cancelled}
