@@ -133,6 +133,14 @@ def emit_json(data: Any) -> None:
     click.echo(json.dumps(data, indent=2, sort_keys=False, ensure_ascii=True, default=str))
 
 
+def report(session: Session, data: dict[str, Any], text: str) -> None:
+    """What a command did: ``data`` as JSON with ``--json``, else ``text`` (untrusted parts already printable)."""
+    if session.as_json:
+        emit_json(data)
+    else:
+        session.console.print(Text(text))
+
+
 def interactive() -> bool:
     """Whether a person can answer a question (stdin is a terminal)."""
     return sys.stdin.isatty()

@@ -8,17 +8,18 @@ from typing import Any, TypeVar
 
 import click
 from rich.table import Table
-from rich.text import Text
 
 from .cli_commands import (
     STATE_WORDS,
     OrderedGroup,
+    Session,
     cell,
     cli,
     confirm,
     confirm_option,
     emit_json,
     open_session,
+    report,
     reports_errors,
     store_options,
 )
@@ -166,13 +167,14 @@ def timing_options(func: F) -> F:
     return func
 
 
-def print_definition(session: Any, verb: str, definition: ScheduleDefinition) -> None:
-    if session.as_json:
-        emit_json({"name": definition.name, verb: True, **_definition_fields(definition.name, definition.encode())})
-        return
+def print_definition(session: Session, verb: str, definition: ScheduleDefinition) -> None:
     timing = "its code's timing" if definition.timing is None else definition.timing.describe()
     paused = " (paused)" if definition.paused else ""
-    session.console.print(Text(f"Schedule {printable(definition.name)!r} {verb}: {timing}{paused}."))
+    report(
+        session,
+        {"name": definition.name, verb: True, **_definition_fields(definition.name, definition.encode())},
+        f"Schedule {printable(definition.name)!r} {verb}: {timing}{paused}.",
+    )
 
 
 @cron.command("add", short_help="Store a new recurring schedule (runs in every promoter of the namespace).")
@@ -286,10 +288,7 @@ def cron_run_now(name: str, redis_url: str | None, namespace: str, as_json: bool
     """Send schedule NAME's message once, now: a promoter parks it (once) within a second or so."""
     session = open_session(redis_url, namespace, as_json)
     id = RuntimeSchedules(session.store).run_now(name)
-    if as_json:
-        emit_json({"name": name, "id": id})
-    else:
-        session.console.print(Text(f"Asked for a run of {printable(name)!r} now: message id {id}."))
+    report(session, {"name": name, "id": id}, f"Asked for a run of {printable(name)!r} now: message id {id}.")
 
 
 @cron.command("remove", short_help="Delete a stored schedule and cancel its parked occurrence (asks first).")
@@ -306,10 +305,7 @@ def cron_remove(name: str, yes: bool, redis_url: str | None, namespace: str, as_
         raise click.ClickException(f"no stored schedule {printable(name)!r} in namespace {namespace!r}")
     confirm(f"remove schedule {printable(name)!r}", f"Remove schedule {printable(name)!r}?", yes)
     schedules.remove(name)
-    if as_json:
-        emit_json({"name": name, "removed": True})
-    else:
-        session.console.print(Text(f"Removed schedule {printable(name)!r}."))
+    report(session, {"name": name, "removed": True}, f"Removed schedule {printable(name)!r}.")
 
 
 @cron.command("forget", short_help="Drop a schedule's record and cancel its parked occurrence (asks first).")
@@ -331,8 +327,9 @@ def cron_forget(name: str, yes: bool, redis_url: str | None, namespace: str, as_
     confirm(f"forget {what}", f"Forget {what} and cancel its next run?", yes)
     cancelled = row["id"] is not None and session.store.cancel(row["id"])
     session.store.forget_schedule(name)
-    if as_json:
-        emit_json({"name": name, "forgotten": True, "cancelled": cancelled})
-    else:
-        note = f"; cancelled its occurrence {row['id']}" if cancelled else ""
-        session.console.print(Text(f"Forgot schedule {printable(name)!r}{note}."))
+    note = f"; cancelled its occurrence {row['id']}" if cancelled else ""
+    report(
+        session,
+        {"name": name, "forgotten": True, "cancelled": cancelled},
+        f"Forgot schedule {printable(name)!r}{note}.",
+    )

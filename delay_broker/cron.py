@@ -291,7 +291,7 @@ class CronScheduler:
             if following is not None and following >= now_ms - CATCH_UP_MS:
                 due = following
         if due is None:
-            if latest is None or latest < now_ms:
+            if latest is None or latest <= now_ms:
                 self._warn_once(
                     schedule.name,
                     "ended",

@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
+from . import tracing
 from .errors import ConfigurationError, DeliveryRefused, StoreError, TargetUnavailable
 from .store import MAX_BATCH, Claim, ClaimedMessage, DelayStore, NackAction, new_promoter_id
 from .targets import ListTarget
@@ -291,7 +292,10 @@ class Promoter:
     def _promote_shard(self, shard: int) -> tuple[bool, float]:
         """Returns whether the batch was full and how long (s) until something may be due in the shard."""
         if isinstance(self.deliverer, DirectDeliverer):
+            started_ns = time.time_ns()
             result = self.store.promote_direct(self.deliverer.direct_routes(), self.batch, self.id, shard=shard)
+            if result.traced:
+                tracing.record_promotions(result.traced, started_ns, time.time_ns())
             self._promoted(result.lateness_ms, result.dead_lettered, result.by_task)
             if result.dead_lettered:
                 self._dead_in.add(shard)
@@ -327,7 +331,8 @@ class Promoter:
                 failures.append((message.id, message.problem or "corrupt envelope", "dead"))
                 continue
             try:
-                self.deliverer.deliver(message)
+                with tracing.promote_span(message.id, message.envelope.route, message.envelope.extra):
+                    self.deliverer.deliver(message)
             except DeliveryRefused as error:
                 failures.append((message.id, f"delivery refused: {error}", "dead"))
             except TargetUnavailable as error:

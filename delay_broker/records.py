@@ -56,6 +56,16 @@ class Claim:
 
 
 @dataclass(frozen=True)
+class TracedPromotion:
+    """A message promoted on the exactly-once path with the trace context it was parked in."""
+
+    id: str
+    route: str
+    traceparent: str
+    tracestate: str
+
+
+@dataclass(frozen=True)
 class DirectPromotion:
     now_ms: int
     next_due_ms: int | None
@@ -65,6 +75,8 @@ class DirectPromotion:
     shard: int = 0
     by_task: dict[tuple[str, str], int] = field(default_factory=dict)
     """Messages promoted per (route, name): the queue and the actor or task name ('' when the envelope has none)."""
+    traced: list[TracedPromotion] = field(default_factory=list)
+    """Messages promoted that were parked with an OpenTelemetry context."""
 
 
 @dataclass(frozen=True)

@@ -165,31 +165,19 @@ class RuntimeSchedules:
 
     def pause(self, name: str) -> ScheduleDefinition:
         """Stop parking occurrences; the one already parked (not yet due) is cancelled. Run-now still works."""
-        return _written(
-            self._update(
-                name,
-                lambda current, now_ms: dataclasses.replace(
-                    current or ScheduleDefinition(name), paused=True, updated_ms=now_ms
-                ),
-                record_action="keep",
-                cancel_parked=True,
-                must_exist=True,
-            )
-        )
+        return self._set_paused(name, True)
 
     def resume(self, name: str) -> ScheduleDefinition:
         """Park occurrences again, from the first one after now (those that fell in the pause are not run)."""
-        return _written(
-            self._update(
-                name,
-                lambda current, now_ms: dataclasses.replace(
-                    current or ScheduleDefinition(name), paused=False, updated_ms=now_ms
-                ),
-                record_action="rewind",
-                cancel_parked=False,
-                must_exist=True,
-            )
-        )
+        return self._set_paused(name, False)
+
+    def _set_paused(self, name: str, paused: bool) -> ScheduleDefinition:
+        def make(current: ScheduleDefinition | None, now_ms: int) -> ScheduleDefinition:
+            return dataclasses.replace(current or ScheduleDefinition(name), paused=paused, updated_ms=now_ms)
+
+        # Resuming rewinds the record to now: the next occurrence parked is the first after now.
+        action = "keep" if paused else "rewind"
+        return _written(self._update(name, make, record_action=action, cancel_parked=paused, must_exist=True))
 
     def run_now(self, name: str) -> str:
         """Send the schedule's message once now, besides its occurrences (paused or not). Returns the id the

@@ -9,6 +9,7 @@ a message lives in the shard its id hashes to, recurring schedules and their occ
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import heapq
 import logging
 import os
@@ -24,7 +25,7 @@ import redis
 from redis.crc import key_slot
 from redis.exceptions import RedisClusterException
 
-from . import scripts
+from . import scripts, tracing
 from .clock import MAX_DUE_MS, Delay, delay_to_ms, due_of_score, due_to_ms, score_ceiling, score_floor
 from .connect import CLIENT_DEFAULTS, AnyRedis, client_from_url, describe, is_cluster, master_address
 from .envelope import Envelope
@@ -52,6 +53,7 @@ from .records import (
     State,
     StoredSchedules,
     StoreStats,
+    TracedPromotion,
 )
 from .redis_errors import translate
 from .targets import ListTarget
@@ -373,7 +375,12 @@ class DelayStore:
         """
         if on_conflict not in ("replace", "keep"):
             raise ValueError(f"on_conflict must be 'replace' or 'keep', got {on_conflict!r}")
-        encoded = [self._encode_request(request) for request in requests]
+        requests = list(requests)
+        routes = {request.envelope.route for request in requests if isinstance(request, ParkRequest)}
+        with tracing.park_span(len(requests), next(iter(routes)) if len(routes) == 1 else None):
+            return self._park_encoded([self._encode_request(request) for request in requests], on_conflict)
+
+    def _park_encoded(self, encoded: list[tuple[str, str, int, bytes]], on_conflict: OnConflict) -> list[ParkResult]:
         if len(self._shards or self._read_layout("park")) == 1:
             results: list[ParkResult] = []
             for start in range(0, len(encoded), MAX_BATCH):
@@ -440,6 +447,9 @@ class DelayStore:
             raise PayloadTooLarge(
                 f"payload of {id!r} is {len(envelope.payload)} bytes, over the limit of {self.max_payload_bytes}"
             )
+        extra = tracing.with_context(envelope.extra)
+        if extra != envelope.extra:
+            envelope = dataclasses.replace(envelope, extra=extra)
         return envelope.encode(parked_at_ms=int(time.time() * 1000))
 
     def cancel(self, id: str) -> bool:
@@ -807,14 +817,17 @@ class DelayStore:
         groups_end = 5 + 3 * int(reply[4])
         groups = reply[5:groups_end]
         by_task = {(_text(groups[i]), _text(groups[i + 1])): int(groups[i + 2]) for i in range(0, len(groups), 3)}
+        traced_end = groups_end + 1 + 4 * int(reply[groups_end])
+        entries = [_text(value) for value in reply[groups_end + 1 : traced_end]]
         return DirectPromotion(
             now_ms=int(reply[0]),
             next_due_ms=None if next_due < 0 else next_due,
             promoted=int(reply[2]),
             dead_lettered=int(reply[3]),
-            lateness_ms=[int(value) for value in reply[groups_end:]],
+            lateness_ms=[int(value) for value in reply[traced_end:]],
             shard=shard,
             by_task=by_task,
+            traced=[TracedPromotion(*entries[i : i + 4]) for i in range(0, len(entries), 4)],
         )
 
     def _idle_look(self, shard: int, promoter_id: str) -> DirectPromotion:

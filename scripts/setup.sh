@@ -26,7 +26,8 @@ apt_install() {
 }
 
 ensure_venv() {
-    local extras="$1"
+    # ensure_venv EXTRAS [CONSTRAINTS]: the project with EXTRAS in $VENV, pinned by a constraints file if given.
+    local extras="$1" constraints="${2:-}"
     if ! "$PYTHON" -c 'import sys; sys.exit(sys.version_info < (3, 10))' 2>/dev/null; then
         echo "setup: Python 3.10 or newer is needed as '$PYTHON' (set PYTHON=... to choose another)." >&2
         exit 1
@@ -47,11 +48,11 @@ ensure_venv() {
     # Reinstall only when the dependencies or the requested extras change.
     local stamp="$VENV/.delay-broker-installed"
     local wanted
-    wanted="$(cat "$ROOT/pyproject.toml" | sha256sum | cut -c1-16)-$extras"
+    wanted="$(cat "$ROOT/pyproject.toml" ${constraints:+"$constraints"} | sha256sum | cut -c1-16)-$extras"
     if [ "$(cat "$stamp" 2>/dev/null)" != "$wanted" ]; then
         echo "setup: installing delay_broker[$extras] into $VENV" >&2
         "$VENV/bin/python" -m pip install -q --upgrade pip >/dev/null
-        "$VENV/bin/python" -m pip install -q -e "$ROOT[$extras]"
+        "$VENV/bin/python" -m pip install -q ${constraints:+-c "$constraints"} -e "$ROOT[$extras]"
         echo "$wanted" > "$stamp"
     fi
 }

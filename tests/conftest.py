@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import Iterator
 
@@ -14,7 +15,8 @@ from delay_broker.embedded import EmbeddedRedis
 
 @pytest.fixture(scope="session")
 def redis_server() -> Iterator[EmbeddedRedis]:
-    with EmbeddedRedis() as server:
+    # scripts/matrix runs a smoke on other Redis versions by naming their redis-server binary here.
+    with EmbeddedRedis(executable=os.environ.get("DELAY_BROKER_TEST_REDIS_SERVER")) as server:
         yield server
 
 

@@ -422,8 +422,10 @@ def test_dead_requeue_by_id_needs_no_confirmation(run, populated, store):
     info = store.get("dq-dead")
     assert info.state == "due" and info.attempts == 0
     partly = run("dead", "requeue", "cl-dead", "dq-soon")
-    assert partly.exit_code == 1 and "Requeued 1" in partly.output and "'dq-soon'" in partly.stderr
-    assert "'cl-dead'" not in partly.stderr, "the one just requeued is not reported as left alone"
+    assert partly.exit_code == 1 and "Requeued 1" in partly.output and "'dq-soon'" in partly.output
+    assert "'cl-dead'" not in partly.output.split("Requeued 1", 1)[1], (
+        "the one just requeued is not reported as left alone"
+    )
 
 
 def test_dead_requeue_all_refuses_without_confirmation_then_requeues(run, populated, store, monkeypatch):

@@ -17,8 +17,9 @@
 --   mode 'hash':  HSET hash <field> payload, then RPUSH list <field>, where <field> is the envelope header's
 --                 'h' (Dramatiq's RedisBroker: <ns>:<queue>.msgs and <ns>:<queue>)
 -- Returns {now_ms, next_due_ms (-1: nothing parked), promoted, dead_lettered, groups, then per group: route,
--- name (the envelope's 'n', '' without one), count; then lateness_ms of each message promoted}: the groups
--- feed metrics per queue and task name.
+-- name (the envelope's 'n', '' without one), count; then traced, and per traced message: id, route, traceparent,
+-- tracestate ('' without one); then lateness_ms of each message promoted}. The groups feed metrics per queue
+-- and task name; the traced messages (an OpenTelemetry context in the header's x.otel) get a promote span.
 -- An envelope with no route among these goes to the dead letters: a stored message can reach only the
 -- queues the application declared.
 
@@ -40,6 +41,7 @@ local promoted, dead = 0, 0
 local result = {now, -1, 0, 0}
 local lateness = {}
 local counted, by_task = {}, {}
+local traced = {}
 local ready = count_due(DUE, now, batch)
 if ready > 0 then
     -- Every key written below must hold the right type before the first write (see wrong_type).
@@ -120,6 +122,11 @@ if ready > 0 then
                     counted[key] = group_index
                 end
                 by_task[group_index][3] = by_task[group_index][3] + 1
+                local carrier = type(header.x) == 'table' and header.x.otel
+                if type(carrier) == 'table' and type(carrier.traceparent) == 'string' then
+                    traced[#traced + 1] = {id, header.r, carrier.traceparent,
+                        type(carrier.tracestate) == 'string' and carrier.tracestate or ''}
+                end
             end
         end
     end
@@ -151,6 +158,12 @@ for _, group in ipairs(by_task) do
     result[#result + 1] = group[1]
     result[#result + 1] = group[2]
     result[#result + 1] = group[3]
+end
+result[#result + 1] = #traced
+for _, entry in ipairs(traced) do
+    for _, value in ipairs(entry) do
+        result[#result + 1] = value
+    end
 end
 for _, value in ipairs(lateness) do
     result[#result + 1] = value
