@@ -19,9 +19,8 @@ import pytest
 from click.testing import CliRunner, Result
 
 from delay_broker import DelayStore, Envelope, ListTarget, Promoter
-from delay_broker import cli_commands as commands
-from delay_broker.cli import cli
-from delay_broker.cli_format import (
+from delay_broker.cli import cli, common, serve
+from delay_broker.cli.format import (
     bar,
     decode_payload,
     format_relative,
@@ -358,7 +357,7 @@ def test_cancel_refuses_without_confirmation_when_not_interactive(run, populated
 
 
 def test_cancel_asks_at_a_terminal_and_does_nothing_on_no(run, populated, store, monkeypatch):
-    monkeypatch.setattr(commands, "interactive", lambda: True)
+    monkeypatch.setattr(common, "interactive", lambda: True)
     declined = run("cancel", "dq-soon", input="n\n")
     assert declined.exit_code == 1 and "Cancel message 'dq-soon'" in declined.output
     assert store.get("dq-soon") is not None
@@ -433,7 +432,7 @@ def test_dead_requeue_all_refuses_without_confirmation_then_requeues(run, popula
     assert refused.exit_code == 1 and "--yes" in refused.output
     assert store.stats().dead == 2
     assert run("dead", "requeue").exit_code == 2  # neither ids nor --all
-    monkeypatch.setattr(commands, "interactive", lambda: True)
+    monkeypatch.setattr(common, "interactive", lambda: True)
     asked = run("dead", "requeue", "--all", input="y\n")
     assert asked.exit_code == 0 and "Requeue all 2 dead-lettered" in asked.output and "Requeued 2" in asked.output
     assert store.stats().dead == 0 and store.get("cl-dead").state == "due"
@@ -469,7 +468,7 @@ def test_promote_runs_the_app_promoter_with_a_metrics_endpoint(run, store, clien
         built.append((dramatiq_broker, celery_app, overrides))
         return promoter
 
-    monkeypatch.setattr(commands, "build_app_promoter", build)
+    monkeypatch.setattr(serve, "build_app_promoter", build)
     port = free_port()
     scraped: dict[str, str] = {}
 

@@ -9,12 +9,14 @@ from typing import Any, TypeVar
 import click
 from rich.table import Table
 
-from .cli_commands import (
+from ..schedule_defs import CorruptSchedule, ScheduleDefinition, is_run_now_record, occurrence_id
+from ..schedules import RuntimeSchedules
+from ..store import DelayStore
+from .common import (
     STATE_WORDS,
     OrderedGroup,
     Session,
     cell,
-    cli,
     confirm,
     confirm_option,
     emit_json,
@@ -23,15 +25,12 @@ from .cli_commands import (
     reports_errors,
     store_options,
 )
-from .cli_format import format_relative, format_time, iso_time, parse_duration, parse_iso, printable
-from .schedule_defs import CorruptSchedule, ScheduleDefinition, is_run_now_record, occurrence_id
-from .schedules import RuntimeSchedules
-from .store import DelayStore
+from .format import format_relative, format_time, iso_time, parse_duration, parse_iso, printable
 
 F = TypeVar("F", bound=Callable[..., Any])
 
 
-@cli.group(cls=OrderedGroup, short_help="Recurring schedules: ls, add, change, pause, resume, run-now, remove.")
+@click.group(cls=OrderedGroup, short_help="Recurring schedules: ls, add, change, pause, resume, run-now, remove.")
 def cron() -> None:
     """Recurring schedules: declared in code (DelayMiddleware.schedule, delay_broker.celery.schedule) or stored
     at runtime with these commands. Every promoter of the namespace runs both; each occurrence runs once.
@@ -333,3 +332,7 @@ def cron_forget(name: str, yes: bool, redis_url: str | None, namespace: str, as_
         {"name": name, "forgotten": True, "cancelled": cancelled},
         f"Forgot schedule {printable(name)!r}{note}.",
     )
+
+
+COMMANDS = [cron]
+"""This module's commands, in the order ``delay-broker --help`` lists them."""

@@ -15,9 +15,9 @@ import re
 from datetime import datetime, timezone
 from typing import Any
 
-from .clock import due_to_ms, ms_to_datetime
-from .envelope import Envelope
-from .store import DelayStore, MessageInfo, StoreStats
+from ..clock import due_to_ms, ms_to_datetime
+from ..envelope import Envelope
+from ..store import DelayStore, MessageInfo, StoreStats
 
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|w)?", re.IGNORECASE)

@@ -1,8 +1,10 @@
 """The ``delay-broker`` command: entry point and the helpers that do not need the ``cli`` extra.
 
-The commands themselves are in :mod:`delay_broker.cli_commands` (they need click and rich). This module
-imports without them, because the Celery adapter's ``celery delay-broker`` command uses
-:func:`run_until_signalled` from here.
+The commands are in the modules of this package, one per command group (they need click and rich):
+:mod:`.common` (the options every command shares), :mod:`.inspect` (stats, ls, show), :mod:`.actions`
+(cancel, reschedule), :mod:`.dead`, :mod:`.cron`, :mod:`.serve` (promote, metrics), :mod:`.demo`; :mod:`.app`
+attaches them to the group. This module imports without click, because the Celery adapter's ``celery
+delay-broker`` command uses :func:`run_until_signalled` from here.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from typing import Any
 
 try:
     import click
-    import rich  # noqa: F401  (only checked for here; cli_commands uses it)
+    import rich  # noqa: F401  (only checked for here; the command modules use it)
 except ImportError:  # pragma: no cover - depends on the install
     click = None  # type: ignore[assignment]
 
@@ -25,7 +27,7 @@ LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 def main() -> None:
     if click is None:
         sys.exit("delay-broker: the command needs the 'cli' extra: pip install 'delay-broker[cli]'")
-    from .cli_commands import cli
+    from .app import cli
 
     cli()
 
@@ -84,6 +86,6 @@ def run_until_signalled(promoter: Any, *, log_level: str | int | None = "INFO") 
 
 if click is not None:
     # Re-exported: ``delay_broker.cli.cli`` is the click group.
-    from .cli_commands import cli
+    from .app import cli
 
 __all__ = ["cli", "configure_logging", "import_object", "main", "run_until_signalled"]

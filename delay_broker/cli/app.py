@@ -1,0 +1,12 @@
+"""The ``delay-broker`` command with every command group attached (click + rich)."""
+
+from __future__ import annotations
+
+from . import actions, cron, dead, demo, inspect, serve
+from .group import cli
+
+for module in (inspect, actions, dead, cron, serve, demo):
+    for command in module.COMMANDS:
+        cli.add_command(command)
+
+__all__ = ["cli"]

@@ -1,0 +1,142 @@
+"""``delay-broker dead``: dead-lettered messages (ls, show, requeue, purge)."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+
+import click
+
+from .actions import describe
+from .common import (
+    OrderedGroup,
+    confirm,
+    confirm_option,
+    emit_json,
+    get_message,
+    open_session,
+    reports_errors,
+    store_options,
+)
+from .format import printable
+from .inspect import list_page, page_options, show_message
+
+# -- dead letters ------------------------------------------------------------------------------------------------
+
+
+@click.group(cls=OrderedGroup, short_help="Dead-lettered messages: ls, show, requeue, purge.")
+def dead() -> None:
+    """Dead-lettered messages: ones a promoter could not deliver (refused, unknown queue, out of attempts).
+
+    \b
+      delay-broker dead ls                   list them, with the error that killed each
+      delay-broker dead show ID              one of them, decoded
+      delay-broker dead requeue ID [ID...]   park them again, due now, attempts reset
+      delay-broker dead requeue --all        all of them (asks first)
+      delay-broker dead purge [ID...]        delete them for good; all without IDs (asks first)
+    """
+
+
+@dead.command("ls", short_help="List dead-lettered messages with their last error.")
+@page_options
+@store_options
+@reports_errors
+def dead_ls(
+    start: str | None,
+    end: str | None,
+    offset: int,
+    limit: int,
+    redis_url: str | None,
+    namespace: str,
+    as_json: bool,
+) -> None:
+    """List dead-lettered messages, oldest first, with the error that dead-lettered each. --from/--to filter on
+    when they were dead-lettered (e.g. --from -1h: the last hour)."""
+    session = open_session(redis_url, namespace, as_json)
+    list_page(session, "dead", start, end, offset, limit)
+
+
+@dead.command("show", short_help="Show one dead-lettered message, decoded.")
+@click.argument("id")
+@store_options
+@reports_errors
+def dead_show(id: str, redis_url: str | None, namespace: str, as_json: bool) -> None:
+    """Show dead-lettered message ID: its last error, attempts, envelope and decoded payload."""
+    session = open_session(redis_url, namespace, as_json)
+    info = get_message(session, id)
+    if info.state != "dead":
+        raise click.ClickException(f"message {describe(info)} is not dead-lettered (see it with: delay-broker show ID)")
+    show_message(session, info)
+
+
+@dead.command("requeue", short_help="Send dead-lettered messages again (IDs, or --all).")
+@click.argument("ids", nargs=-1, metavar="[ID]...")
+@click.option("--all", "all_", is_flag=True, help="Requeue every dead-lettered message (asks first).")
+@confirm_option
+@store_options
+@reports_errors
+def dead_requeue(
+    ids: Sequence[str], all_: bool, yes: bool, redis_url: str | None, namespace: str, as_json: bool
+) -> None:
+    """Park dead-lettered messages again, due now, with their attempts reset: the promoter delivers them at
+    once. Give IDs, or --all (which asks for confirmation, and refuses without --yes when not at a terminal).
+
+    Fix what killed them first (see: delay-broker dead ls), or they die again.
+    """
+    if bool(ids) == all_:
+        raise click.UsageError("give the IDs of dead-lettered messages, or --all")
+    session = open_session(redis_url, namespace, as_json)
+    missing: list[str] = []
+    if all_:
+        count = session.store.stats().dead
+        if count == 0:
+            requeued = 0
+        else:
+            confirm(
+                f"requeue all {count:,} dead-lettered messages",
+                f"Requeue all {count:,} dead-lettered messages in namespace {namespace!r}? They run again.",
+                yes,
+            )
+            requeued = session.store.requeue_dead(None).count
+    else:
+        result = session.store.requeue_dead(list(dict.fromkeys(ids)))
+        requeued, missing = result.count, result.not_requeued
+    if as_json:
+        emit_json({"requeued": requeued, "not_requeued": missing})
+    else:
+        session.console.print(f"Requeued {requeued:,} message(s): due now.")
+    if missing:
+        shown = ", ".join(repr(printable(id)) for id in missing[:20])
+        click.echo(f"Not requeued (not dead-lettered, or no payload): {shown}", err=True)
+        sys.exit(1)
+
+
+@dead.command("purge", short_help="Delete dead-lettered messages for good (IDs, or all; asks first).")
+@click.argument("ids", nargs=-1, metavar="[ID]...")
+@confirm_option
+@store_options
+@reports_errors
+def dead_purge(ids: Sequence[str], yes: bool, redis_url: str | None, namespace: str, as_json: bool) -> None:
+    """Delete dead-lettered messages for good: the given IDs, or all of them when no ID is given.
+
+    Asks for confirmation; when not at a terminal, refuses unless --yes is given.
+    """
+    session = open_session(redis_url, namespace, as_json)
+    if ids:
+        what = f"{len(set(ids))} dead-lettered message(s)"
+        count = len(ids)
+    else:
+        count = session.store.stats().dead
+        what = f"all {count:,} dead-lettered messages in namespace {namespace!r}"
+    purged = 0
+    if count:
+        confirm(f"purge {what}", f"Delete {what} for good?", yes)
+        purged = session.store.purge_dead(list(dict.fromkeys(ids)) if ids else None)
+    if as_json:
+        emit_json({"purged": purged})
+    else:
+        session.console.print(f"Purged {purged:,} dead-lettered message(s).")
+
+
+COMMANDS = [dead]
+"""This module's commands, in the order ``delay-broker --help`` lists them."""

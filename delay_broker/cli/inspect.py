@@ -1,0 +1,324 @@
+"""``stats``, ``ls`` and ``show``: what the store holds."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+import click
+from rich.console import Console, Group
+from rich.syntax import Syntax
+from rich.table import Table
+from rich.text import Text
+
+from ..connect import describe as describe_client
+from ..store import MessageInfo
+from .common import (
+    MAX_PAGE,
+    STATE_WORDS,
+    TIME_COLUMN,
+    F,
+    ListState,
+    Session,
+    cell,
+    emit_json,
+    get_message,
+    open_session,
+    reports_errors,
+    store_options,
+)
+from .format import (
+    bar,
+    escape_bytes,
+    format_relative,
+    format_span,
+    format_time,
+    histogram_rows,
+    message_record,
+    parse_when,
+    printable,
+    stats_record,
+)
+
+# -- stats -----------------------------------------------------------------------------------------------------------
+
+
+@click.command(short_help="Counts: parked, overdue, in flight, dead, live promoters; due-time histogram.")
+@store_options
+@reports_errors
+def stats(redis_url: str | None, namespace: str, as_json: bool) -> None:
+    """Show what the store holds: parked, in flight, dead and overdue messages, how late the oldest overdue
+    one is, when the next is due, how many promoters are alive (heartbeat in the last 30 s), the store's
+    counters, and a histogram of parked messages by due time.
+
+    \b
+    Examples:
+      delay-broker stats --redis-url redis://localhost:6379/0
+      DELAY_BROKER_REDIS_URL=redis://redis:6379/0 delay-broker stats --namespace billing --json
+    """
+    session = open_session(redis_url, namespace, as_json)
+    snapshot = session.store.stats()
+    if as_json:
+        emit_json(stats_record(snapshot, namespace))
+        return
+    now = snapshot.now_ms
+    summary = Table(
+        title=f"delay_broker store, namespace {printable(namespace)!r}", show_header=False, title_justify="left"
+    )
+    summary.add_column("measure")
+    summary.add_column("value", justify="right")
+    summary.add_column("note")
+    summary.add_row("parked", f"{snapshot.parked:,}", "")
+    summary.add_row("in flight", f"{snapshot.inflight:,}", "claimed by a promoter, not yet acknowledged")
+    summary.add_row("dead", f"{snapshot.dead:,}", "see: delay-broker dead ls" if snapshot.dead else "")
+    summary.add_row("overdue", f"{snapshot.overdue:,}", "due but not yet promoted")
+    age = snapshot.oldest_overdue_age_ms
+    summary.add_row("oldest overdue age", format_span(age) if snapshot.overdue else "-", "")
+    next_due = snapshot.next_due_ms
+    summary.add_row("next due", format_time(next_due), format_relative(next_due, now) if next_due else "nothing parked")
+    promoter_note = "no promoter running: nothing will be promoted" if snapshot.live_promoters == 0 else ""
+    summary.add_row("live promoters", str(snapshot.live_promoters), Text(promoter_note, style="bold red"))
+    summary.add_row("Redis time", format_time(now), "")
+    summary.add_row("store", describe_client(session.store.client), f"{snapshot.shards} shard(s)")
+
+    rows = histogram_rows(snapshot)
+    largest = max((count for _, _, count in rows), default=0)
+    histogram = Table(title="parked messages by due time", title_justify="left")
+    histogram.add_column("due")
+    histogram.add_column("messages", justify="right")
+    histogram.add_column("", min_width=10)
+    for key, label, count in rows:
+        histogram.add_row(label, f"{count:,}", Text(bar(count, largest), style="red" if key == "overdue" else "cyan"))
+
+    counters = Table(title="store-wide counters (all time)", title_justify="left")
+    counters.add_column("event")
+    counters.add_column("total", justify="right")
+    for name, total in sorted(snapshot.counters.items()):
+        counters.add_row(cell(name), f"{total:,}")
+    if not snapshot.counters:
+        counters.add_row("(none yet)", "")
+    session.console.print(Group(summary, Text(""), histogram, Text(""), counters))
+
+
+# -- ls / show ---------------------------------------------------------------------------------------------------
+
+
+def page_options(func: F) -> F:
+    func = click.option(
+        "--limit", type=click.IntRange(1, MAX_PAGE), default=50, show_default=True, help="Messages per page."
+    )(func)
+    func = click.option(
+        "--offset", type=click.IntRange(min=0), default=0, show_default=True, help="Skip this many (next page)."
+    )(func)
+    func = click.option(
+        "--to",
+        "end",
+        metavar="WHEN",
+        help="Latest time shown: ISO 8601 (UTC unless it has an offset), 'now', or relative: 30m, -1h, 2d.",
+    )(func)
+    func = click.option(
+        "--from",
+        "start",
+        metavar="WHEN",
+        help="Earliest time shown: ISO 8601 (UTC unless it has an offset), 'now', or relative: 5m, -2h, 3d.",
+    )(func)
+    return func
+
+
+def list_page(
+    session: Session,
+    state: ListState,
+    start: str | None,
+    end: str | None,
+    offset: int,
+    limit: int,
+) -> None:
+    now = session.store.now_ms()
+    try:
+        start_ms = None if start is None else parse_when(start, now)
+        end_ms = None if end is None else parse_when(end, now)
+    except ValueError as error:
+        raise click.BadParameter(str(error), param_hint="--from/--to") from None
+    if start_ms is not None and end_ms is not None and start_ms > end_ms:
+        raise click.BadParameter("--from is after --to", param_hint="--from/--to")
+    infos = session.store.list_messages(state, start_ms=start_ms, end_ms=end_ms, offset=offset, count=limit)
+    more = len(infos) == limit
+    if session.as_json:
+        emit_json(
+            {
+                "namespace": session.namespace,
+                "state": state,
+                "from_ms": start_ms,
+                "to_ms": end_ms,
+                "offset": offset,
+                "limit": limit,
+                "next_offset": offset + len(infos) if more else None,
+                "messages": [message_record(info) for info in infos],
+            }
+        )
+        return
+    time_column = TIME_COLUMN[state]
+    table = Table(
+        title=f"{STATE_WORDS[state]} messages, namespace {printable(session.namespace)!r}", title_justify="left"
+    )
+    table.add_column("id", overflow="fold")
+    table.add_column(time_column, no_wrap=True)
+    table.add_column("", no_wrap=True)
+    table.add_column("framework")
+    table.add_column("queue", overflow="fold")
+    table.add_column("name", overflow="fold")
+    table.add_column("attempts", justify="right")
+    if state == "dead":
+        table.add_column("error", overflow="fold")
+    for info in infos:
+        envelope = info.envelope
+        when = info.due_ms if state == "due" else info.at_ms
+        row = [
+            cell(info.id),
+            cell(format_time(when)),
+            cell(format_relative(when, now)),
+            cell(envelope.framework if envelope else "(corrupt)"),
+            cell(envelope.route if envelope else None),
+            cell(envelope.name if envelope else None),
+            cell(info.attempts),
+        ]
+        if state == "dead":
+            row.append(cell(info.error))
+        table.add_row(*row)
+    console = session.console
+    if not infos:
+        console.print(f"No {STATE_WORDS[state]} messages" + (" in that range." if start or end else "."))
+        if offset:
+            console.print(f"(offset {offset}: past the last page?)")
+        return
+    console.print(table)
+    shown = f"Showing {offset + 1}-{offset + len(infos)}"
+    if more:
+        shown += f"; next page: --offset {offset + len(infos)}"
+    console.print(shown + ". Details of one: delay-broker " + ("dead show ID" if state == "dead" else "show ID"))
+
+
+@click.command("ls", short_help="List parked (or inflight / dead) messages, oldest first, by due range.")
+@click.argument("state", type=click.Choice(["due", "inflight", "dead"]), default="due", required=False)
+@page_options
+@store_options
+@reports_errors
+def ls(
+    state: ListState,
+    start: str | None,
+    end: str | None,
+    offset: int,
+    limit: int,
+    redis_url: str | None,
+    namespace: str,
+    as_json: bool,
+) -> None:
+    """List messages of one STATE, oldest first: due (parked, the default; ordered by due time), inflight
+    (claimed by a promoter; by lease deadline) or dead (dead-lettered; by when they died).
+
+    Columns: id, due time, framework, queue (the route it will be delivered to), name (actor or task), and
+    failed delivery attempts. --from/--to filter on the time the list is ordered by.
+
+    \b
+    Examples:
+      delay-broker ls                            the next 50 messages to become due
+      delay-broker ls --to 1h                    everything due within the hour (and overdue ones)
+      delay-broker ls --from 2030-01-01 --to 2030-01-02T06:00Z --limit 200
+      delay-broker ls --offset 50                the next page
+      delay-broker ls inflight --json
+    """
+    session = open_session(redis_url, namespace, as_json)
+    list_page(session, state, start, end, offset, limit)
+
+
+def show_message(session: Session, info: MessageInfo) -> None:
+    record = message_record(info, with_payload=True)
+    if session.as_json:
+        emit_json(record)
+        return
+    store_now = session.store.now_ms()
+    details = Table(show_header=False, title=f"message {printable(info.id)!r}", title_justify="left")
+    details.add_column("field", style="bold")
+    details.add_column("value", overflow="fold")
+    details.add_row("state", STATE_WORDS.get(info.state, info.state))
+    if info.due_ms is not None:
+        details.add_row("due", f"{format_time(info.due_ms)} ({format_relative(info.due_ms, store_now)})")
+    if info.state == "inflight":
+        expired = info.at_ms is not None and info.at_ms < store_now
+        note = "; expired: the next promoter to claim gives it back" if expired else ""
+        details.add_row("lease until", f"{format_time(info.at_ms)} ({format_relative(info.at_ms, store_now)}{note})")
+    if info.state == "dead":
+        details.add_row("dead since", f"{format_time(info.at_ms)} ({format_relative(info.at_ms, store_now)})")
+    details.add_row("attempts", str(info.attempts))
+    if info.error:
+        details.add_row("last error", cell(info.error))
+    envelope = info.envelope
+    blocks: list[Any] = [details]
+    if envelope is None:
+        details.add_row("envelope", Text("corrupt: not an envelope this version can read", style="bold red"))
+        raw = info.raw or b""
+        blocks.append(Text(escape_bytes(raw)))
+        print_blocks(session.console, blocks)
+        return
+    details.add_row("framework", cell(envelope.framework))
+    details.add_row("queue (route)", cell(envelope.route))
+    details.add_row("name", cell(envelope.name))
+    if envelope.hash_field:
+        details.add_row("hash field", cell(envelope.hash_field))
+    if envelope.parked_at_ms:
+        details.add_row("parked at", format_time(envelope.parked_at_ms))
+    if envelope.extra:
+        details.add_row("extra", cell(json.dumps(envelope.extra, ensure_ascii=False)))
+    payload = record["payload"]
+    details.add_row("payload", f"{payload['size']:,} bytes, {payload['format']}")
+    if payload["format"] == "json":
+        blocks.append(Text("payload (the framework's message):", style="bold"))
+        blocks.append(json_block(payload["message"]))
+        body = payload.get("body")
+        if isinstance(body, dict):
+            kind = body.get("content_type") or "unknown content type"
+            note = f" - {body['note']}" if body.get("note") else ""
+            blocks.append(Text(f"Celery message body, decoded ({printable(str(kind))}){note}:", style="bold"))
+            if body["format"] == "json":
+                blocks.append(json_block(body["value"]))
+            else:
+                blocks.append(Text(printable(str(body.get("text", body.get("escaped", ""))), keep_newlines=True)))
+    elif payload["format"] == "text":
+        blocks.append(Text("payload (text, not JSON):", style="bold"))
+        blocks.append(Text(printable(payload["text"], keep_newlines=True)))
+    else:
+        blocks.append(Text("payload (binary, escaped; --json gives it in base64):", style="bold"))
+        blocks.append(Text(payload["escaped"]))
+    print_blocks(session.console, blocks)
+
+
+def print_blocks(console: Console, blocks: Sequence[Any]) -> None:
+    for block in blocks:
+        console.print(block)
+
+
+def json_block(value: Any) -> Syntax:
+    text = printable(json.dumps(value, indent=2, ensure_ascii=False, default=str), keep_newlines=True)
+    return Syntax(text, "json", word_wrap=True, background_color="default", theme="ansi_dark")
+
+
+@click.command(short_help="Show one message: state, due time, attempts, envelope and decoded payload.")
+@click.argument("id")
+@store_options
+@reports_errors
+def show(id: str, redis_url: str | None, namespace: str, as_json: bool) -> None:
+    """Show message ID whatever its state: due time, lease or dead-letter time, attempts, last error, where it
+    will be delivered, and its payload decoded.
+
+    A JSON payload is shown as the framework's message (Dramatiq: the message with actor, args, kwargs and
+    options; Celery: what kombu published, with its body decoded from base64 and JSON when it is). Anything
+    else is shown as text or escaped bytes; nothing is ever unpickled or evaluated. --json adds the raw
+    payload in base64.
+    """
+    session = open_session(redis_url, namespace, as_json)
+    show_message(session, get_message(session, id))
+
+
+COMMANDS = [stats, ls, show]
+"""This module's commands, in the order ``delay-broker --help`` lists them."""
