@@ -150,3 +150,14 @@ class ScheduleUpdate:
     now_ms: int
     cancelled: bool
     """Whether the schedule's parked occurrence was cancelled."""
+
+
+@dataclass(frozen=True)
+class IndexScan:
+    """One bounded scan of a shard's index (see :meth:`DelayStore.scan_index`)."""
+
+    examined: int
+    exhausted: bool
+    """Nothing is left in the window after the last entry examined."""
+    matches: list[tuple[int, MessageInfo]]
+    """Each match with its offset in the window."""

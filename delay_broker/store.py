@@ -43,6 +43,7 @@ from .records import (
     Claim,
     ClaimedMessage,
     DirectPromotion,
+    IndexScan,
     MessageInfo,
     NackAction,
     OnConflict,
@@ -457,16 +458,25 @@ class DelayStore:
         return self.cancel_many([id]) == 1
 
     def cancel_many(self, ids: Sequence[str]) -> int:
-        total = 0
-        for shard, group in self._by_shard(check_id(id) for id in ids).items():
+        return sum(self.cancel_each(ids))
+
+    def cancel_each(self, ids: Sequence[str]) -> list[bool]:
+        """Cancel each id (as :meth:`cancel`), one script call per 1,000 per shard; True for each one removed."""
+        ids = [check_id(id) for id in ids]
+        removed: dict[str, bool] = {}
+        for shard, group in self._by_shard(ids).items():
             missed: list[str] = []
             for chunk in _chunks(group):
                 reply = self._run("cancel", shard, chunk)
-                total += sum(int(flag) for flag in reply)
-                missed.extend(id for id, flag in zip(chunk, reply, strict=True) if not int(flag))
+                for id, flag in zip(chunk, reply, strict=True):
+                    removed[id] = bool(int(flag))
+                    if not int(flag):
+                        missed.append(id)
             if shard != 0 and missed:  # a schedule's occurrence lives in shard 0
-                total += sum(sum(int(flag) for flag in self._run("cancel", 0, chunk)) for chunk in _chunks(missed))
-        return total
+                for chunk in _chunks(missed):
+                    for id, flag in zip(chunk, self._run("cancel", 0, chunk), strict=True):
+                        removed[id] = bool(int(flag))
+        return [removed[id] for id in ids]
 
     def reschedule(
         self,
@@ -657,21 +667,40 @@ class DelayStore:
         self, shard: int, state: ListState, low: Any, high: Any, offset: int, count: int
     ) -> list[tuple[float, MessageInfo]]:
         reply = self._run("list", shard, [low, high, offset, count, state], write=False)
-        infos = []
-        for n in range(0, len(reply), 5):
-            id, score, raw, attempts, error = reply[n : n + 5]
-            score = float(score)
-            info = MessageInfo(
-                id=id.decode(),
-                state=state,
-                due_ms=due_of_score(score) if state == "due" else None,
-                at_ms=None if state == "due" else int(score),
-                raw=raw or None,
-                attempts=int(attempts),
-                error=_text(error) if error else None,
-            )
-            infos.append((score, info))
-        return infos
+        return [_listed(state, *reply[n : n + 5]) for n in range(0, len(reply), 5)]
+
+    def scan_index(
+        self,
+        state: ListState,
+        shard: int,
+        *,
+        min_score: str,
+        max_score: str,
+        offset: int,
+        scan: int,
+        limit: int,
+        queue: str | None = None,
+        task: str | None = None,
+        id_prefix: str | None = None,
+    ) -> IndexScan:
+        """A bounded scan of one shard's index of ``state`` between two scores, from ``offset``, for messages of
+        ``queue``, ``task`` and ``id_prefix`` (``find.lua``). See :mod:`delay_broker.operations`."""
+        if state not in ("due", "inflight", "dead"):
+            raise ValueError(f"state must be 'due', 'inflight' or 'dead', got {state!r}")
+        args = [
+            state,
+            min_score,
+            max_score,
+            offset,
+            min(scan, 5000),
+            min(limit, MAX_BATCH),
+            queue or "",
+            task or "",
+            id_prefix or "",
+        ]
+        reply = self._run("find", shard, args, write=False)
+        matches = [(int(reply[n]), _listed(state, *reply[n + 1 : n + 6])[1]) for n in range(2, len(reply), 6)]
+        return IndexScan(int(reply[0]), bool(int(reply[1])), matches)
 
     def iter_all(self, state: ListState = "due", page: int = 500) -> Iterator[MessageInfo]:
         """Every message of a state, page by page, shard after shard (not a snapshot: changes meanwhile may be
@@ -1025,3 +1054,18 @@ __all__ = [
     "State",
     "StoreStats",
 ]
+
+
+def _listed(state: ListState, id: bytes, score: Any, raw: Any, attempts: Any, error: Any) -> tuple[float, MessageInfo]:
+    """A message as list.lua and find.lua return it, with its score."""
+    value = float(score)
+    info = MessageInfo(
+        id=id.decode(),
+        state=state,
+        due_ms=due_of_score(value) if state == "due" else None,
+        at_ms=None if state == "due" else int(value),
+        raw=raw or None,
+        attempts=int(attempts),
+        error=_text(error) if error else None,
+    )
+    return value, info

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import base64
+import json
 import time
 from collections.abc import Callable
 from typing import Any
@@ -28,3 +30,43 @@ def wait_for(
         if time.monotonic() > deadline:
             raise AssertionError(f"{what} not met within {timeout} s")
         time.sleep(interval)
+
+
+def dramatiq_envelope(actor: str, message_id: str, queue: str = "default") -> Envelope:
+    """A Dramatiq message as the DelayMiddleware parks it: the JSON message, queue as route."""
+    message = {
+        "queue_name": queue,
+        "actor_name": actor,
+        "args": [42, "hello"],
+        "kwargs": {"to": "ops@example.com"},
+        "options": {"redis_message_id": f"rid-{message_id}"},
+        "message_id": message_id,
+        "message_timestamp": 1_700_000_000_000,
+    }
+    return Envelope(
+        route=queue,
+        payload=json.dumps(message).encode(),
+        framework="dramatiq",
+        name=actor,
+        hash_field=f"rid-{message_id}",
+    )
+
+
+def celery_envelope(task: str, task_id: str, queue: str = "celery") -> Envelope:
+    """A Celery task as the Redis transport publishes it (kombu's virtual message, base64 body)."""
+    body = json.dumps([[2, 3], {"retry": True}, {"callbacks": None, "errbacks": None, "chain": None}])
+    message = {
+        "body": base64.b64encode(body.encode()).decode(),
+        "content-encoding": "utf-8",
+        "content-type": "application/json",
+        "headers": {"lang": "py", "task": task, "id": task_id, "eta": "2030-01-01T00:00:00+00:00"},
+        "properties": {
+            "correlation_id": task_id,
+            "delivery_mode": 2,
+            "delivery_info": {"exchange": "", "routing_key": queue},
+            "priority": 0,
+            "body_encoding": "base64",
+            "delivery_tag": "0d5c6d1e-tag",
+        },
+    }
+    return Envelope(route=queue, payload=json.dumps(message).encode(), framework="celery", name=task)

@@ -22,7 +22,6 @@ from delay_broker import DelayStore, Envelope, ListTarget, Promoter
 from delay_broker.cli import cli, common, serve
 from delay_broker.cli.format import (
     bar,
-    decode_payload,
     format_relative,
     format_span,
     parse_duration,
@@ -30,52 +29,13 @@ from delay_broker.cli.format import (
     parse_when,
     printable,
 )
+from delay_broker.decoding import decode_payload
 from delay_broker.deliverers import DirectLists
 from delay_broker.embedded import EmbeddedRedis, free_port
 
-from .helpers import wait_for
+from .helpers import celery_envelope, dramatiq_envelope, wait_for
 
 # -- messages as the two adapters park them ------------------------------------------------------------------------
-
-
-def dramatiq_envelope(actor: str, message_id: str, queue: str = "default") -> Envelope:
-    """A Dramatiq message as the DelayMiddleware parks it: the JSON message, queue as route."""
-    message = {
-        "queue_name": queue,
-        "actor_name": actor,
-        "args": [42, "hello"],
-        "kwargs": {"to": "ops@example.com"},
-        "options": {"redis_message_id": f"rid-{message_id}"},
-        "message_id": message_id,
-        "message_timestamp": 1_700_000_000_000,
-    }
-    return Envelope(
-        route=queue,
-        payload=json.dumps(message).encode(),
-        framework="dramatiq",
-        name=actor,
-        hash_field=f"rid-{message_id}",
-    )
-
-
-def celery_envelope(task: str, task_id: str, queue: str = "celery") -> Envelope:
-    """A Celery task as the Redis transport publishes it (kombu's virtual message, base64 body)."""
-    body = json.dumps([[2, 3], {"retry": True}, {"callbacks": None, "errbacks": None, "chain": None}])
-    message = {
-        "body": base64.b64encode(body.encode()).decode(),
-        "content-encoding": "utf-8",
-        "content-type": "application/json",
-        "headers": {"lang": "py", "task": task, "id": task_id, "eta": "2030-01-01T00:00:00+00:00"},
-        "properties": {
-            "correlation_id": task_id,
-            "delivery_mode": 2,
-            "delivery_info": {"exchange": "", "routing_key": queue},
-            "priority": 0,
-            "body_encoding": "base64",
-            "delivery_tag": "0d5c6d1e-tag",
-        },
-    }
-    return Envelope(route=queue, payload=json.dumps(message).encode(), framework="celery", name=task)
 
 
 def celery_amqp_envelope(task: str, task_id: str) -> Envelope:

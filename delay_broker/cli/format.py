@@ -8,14 +8,13 @@ payload cannot send escape sequences to the operator's terminal.
 from __future__ import annotations
 
 import base64
-import binascii
-import json
 import math
 import re
 from datetime import datetime, timezone
 from typing import Any
 
 from ..clock import due_to_ms, ms_to_datetime
+from ..decoding import decode_payload
 from ..envelope import Envelope
 from ..store import DelayStore, MessageInfo, StoreStats
 
@@ -24,12 +23,6 @@ _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|w)?", re.IGNORECASE)
 
 HISTOGRAM_LABELS = ("overdue", "within 1 minute", "1 minute to 1 hour", "1 hour to 1 day", "later")
 HISTOGRAM_KEYS = ("overdue", "next_minute", "next_hour", "next_day", "later")
-
-PREVIEW_BYTES = 4096
-"""Binary payloads are shown escaped up to this many bytes (JSON output also carries them in base64)."""
-
-_JSON_CONTENT_TYPES = ("application/json",)
-_PICKLE_CONTENT_TYPES = ("application/x-python-serialize",)
 
 
 # -- durations and times -----------------------------------------------------------------------------------
@@ -151,83 +144,6 @@ def printable(text: str, *, keep_newlines: bool = False) -> str:
             code = ord(char)
             out.append(f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}")
     return "".join(out)
-
-
-def escape_bytes(data: bytes, limit: int = PREVIEW_BYTES) -> str:
-    """Bytes as text with everything but printable ASCII escaped; cut at ``limit`` bytes with a marker."""
-    shown = data[:limit]
-    text = "".join(chr(b) if 0x20 <= b < 0x7F or b in (0x0A,) else f"\\x{b:02x}" for b in shown)
-    if len(data) > limit:
-        text += f"... ({len(data) - limit} more bytes)"
-    return text
-
-
-# -- payloads ---------------------------------------------------------------------------------------------------
-
-
-def decode_payload(framework: str, payload: bytes) -> dict[str, Any]:
-    """What a payload holds, decoded as far as is safe.
-
-    Returns ``{"format": "json", "message": ...}`` for JSON (Dramatiq messages; Celery messages as kombu
-    published them, with ``"body"`` decoded next to them when it is base64 and/or JSON), ``{"format":
-    "text", "text": ...}`` for other UTF-8, or ``{"format": "binary", "escaped": ..., "base64": ...}``.
-    Nothing is ever unpickled or evaluated.
-    """
-    result: dict[str, Any] = {"size": len(payload)}
-    try:
-        text = payload.decode("utf-8")
-    except UnicodeDecodeError:
-        result.update(format="binary", escaped=escape_bytes(payload), base64=base64.b64encode(payload).decode())
-        return result
-    try:
-        message = json.loads(text)
-    except ValueError:
-        result.update(format="text", text=text)
-        return result
-    result.update(format="json", message=message)
-    if framework == "celery" and isinstance(message, dict) and isinstance(message.get("body"), str):
-        result["body"] = decode_celery_body(message)
-    return result
-
-
-def decode_celery_body(message: dict[str, Any]) -> dict[str, Any]:
-    """Decode the ``body`` of a stored Celery message (kombu virtual-transport dict or AMQP record).
-
-    The body is base64 when ``properties.body_encoding`` says so (Redis and SQS transports) and always for
-    AMQP records (which carry ``exchange`` and ``routing_key``). JSON bodies are parsed (protocol 2 tasks:
-    ``[args, kwargs, embed]``); pickled bodies are left alone.
-    """
-    body: str = message["body"]
-    properties = message.get("properties") if isinstance(message.get("properties"), dict) else {}
-    assert isinstance(properties, dict)
-    is_amqp_record = "exchange" in message and "routing_key" in message
-    content_type = message.get("content-type") or properties.get("content_type")
-    content_encoding = message.get("content-encoding") or properties.get("content_encoding") or "utf-8"
-    raw: bytes
-    if is_amqp_record or properties.get("body_encoding") == "base64":
-        try:
-            raw = base64.b64decode(body, validate=True)
-        except (binascii.Error, ValueError):
-            return {"format": "text", "content_type": content_type, "text": body, "note": "body is not valid base64"}
-    else:
-        raw = body.encode("utf-8")
-    described: dict[str, Any] = {"content_type": content_type, "size": len(raw)}
-    if isinstance(content_type, str) and content_type in _PICKLE_CONTENT_TYPES:
-        described.update(format="binary", escaped=escape_bytes(raw), note="pickled body: not decoded")
-        return described
-    try:
-        decoded = raw.decode(str(content_encoding))
-    except (LookupError, UnicodeDecodeError):
-        described.update(format="binary", escaped=escape_bytes(raw))
-        return described
-    if content_type in _JSON_CONTENT_TYPES or content_type is None:
-        try:
-            described.update(format="json", value=json.loads(decoded))
-            return described
-        except ValueError:
-            pass
-    described.update(format="text", text=decoded)
-    return described
 
 
 # -- records for --json -------------------------------------------------------------------------------------------

@@ -13,6 +13,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ..connect import describe as describe_client
+from ..decoding import escape_bytes
 from ..store import MessageInfo
 from .common import (
     MAX_PAGE,
@@ -30,7 +31,6 @@ from .common import (
 )
 from .format import (
     bar,
-    escape_bytes,
     format_relative,
     format_span,
     format_time,

@@ -26,6 +26,7 @@ NAMES = (
     "purge",
     "trim_dead",
     "schedule_update",
+    "find",
 )
 
 

@@ -1,0 +1,342 @@
+"""The operations layer the CLI and the dashboard share: find messages by filter, act on ids or on a filter.
+
+A :class:`MessageFilter` names a state (parked, in flight, dead), a time window on that state's index (due
+time, lease deadline, time of death), and optionally a queue, an actor or task name, an id prefix and a text
+to find in the decoded message. Finding is a bounded scan: ``find.lua`` examines at most a few thousand entries
+of one shard per call, in index order, and applies the structural filters in Redis; the text filter runs here,
+on the decoded payloads of what matched. Pages carry a cursor (per shard: where its scan stands), so the next
+page goes on from there and a page costs the same at the start of a million messages as anywhere else.
+
+Bulk actions (cancel, run now, reschedule, requeue dead, purge dead) take ids or a filter; a filter is first
+turned into ids (a full scan, in chunks), then acted on in server-side batches of up to 1,000 ids per script
+call, and the result says how many matched, how many were done, and how many were no longer there (promoted,
+cancelled or moved by someone else meanwhile).
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import datetime
+from typing import Literal
+
+from .clock import Delay, delay_to_ms, ms_to_datetime, score_ceiling, score_floor
+from .decoding import searchable_text
+from .envelope import Envelope
+from .errors import ConfigurationError, CorruptEnvelope
+from .store import MAX_BATCH, DelayStore, ListState, MessageInfo
+
+SCAN_PER_CALL = 5000
+"""Entries one ``find.lua`` call examines at most: one call stays well under a millisecond per thousand."""
+MAX_SCAN = 1_000_000
+"""Entries one page may examine per shard before it returns what it has (with a cursor to go on)."""
+
+Action = Literal["cancel", "run_now", "reschedule", "requeue", "purge"]
+
+
+@dataclass(frozen=True)
+class MessageFilter:
+    """Which messages: all fields are optional but ``state``; they combine with AND."""
+
+    state: ListState = "due"
+    start_ms: int | None = None
+    """Earliest time on the state's index (due time, lease deadline, time dead-lettered), inclusive."""
+    end_ms: int | None = None
+    """Latest time on the state's index, inclusive."""
+    queue: str | None = None
+    """The envelope's route: the queue name (Dramatiq's canonical queue, Celery's routing key or queue)."""
+    task: str | None = None
+    """The actor or task name."""
+    id_prefix: str | None = None
+    text: str | None = None
+    """Found in the decoded message (payload as stored, and a Celery message's decoded arguments)."""
+
+    def __post_init__(self) -> None:
+        if self.state not in ("due", "inflight", "dead"):
+            raise ValueError(f"state must be 'due', 'inflight' or 'dead', got {self.state!r}")
+        if self.start_ms is not None and self.end_ms is not None and self.end_ms < self.start_ms:
+            raise ValueError("the window ends before it starts")
+
+    @property
+    def is_everything(self) -> bool:
+        """True when nothing but the state is filtered on."""
+        return not any((self.start_ms, self.end_ms, self.queue, self.task, self.id_prefix, self.text))
+
+    def matches_text(self, info: MessageInfo) -> bool:
+        if not self.text:
+            return True
+        envelope = _envelope(info)
+        if envelope is None:
+            return False
+        return self.text.casefold() in searchable_text(envelope.framework, envelope.payload).casefold()
+
+
+@dataclass(frozen=True)
+class Page:
+    messages: list[MessageInfo]
+    cursor: str | None
+    """Where the next page starts (None: this was the last)."""
+    examined: int
+    """Index entries examined for this page (the cost of the filter)."""
+
+
+@dataclass(frozen=True)
+class Count:
+    matched: int
+    examined: int
+    complete: bool
+    """False when the scan stopped at its limit before the end: ``matched`` is then a lower bound."""
+
+
+@dataclass(frozen=True)
+class BulkResult:
+    action: Action
+    matched: int
+    """Messages the ids or the filter named."""
+    done: int
+    """Messages the action was applied to."""
+    skipped: list[str] = field(default_factory=list)
+    """Ids known not to have been acted on: no longer in that state (promoted, cancelled, moved meanwhile).
+    A purge counts them but cannot name them."""
+
+
+class Operations:
+    """Queries and actions on one store (any layout: one server, Sentinel, a sharded Cluster namespace)."""
+
+    def __init__(self, store: DelayStore) -> None:
+        self.store = store
+
+    # -- finding -------------------------------------------------------------------------------------------------
+
+    def find(self, filter: MessageFilter, *, cursor: str | None = None, limit: int = 50) -> Page:
+        """One page of matching messages, oldest first (by the state's index), merged over shards."""
+        if not 0 < limit <= MAX_BATCH:
+            raise ValueError(f"limit must be 1..{MAX_BATCH}")
+        shards = len(self.store.shards)
+        offsets = _cursor(cursor, shards)
+        found: list[list[tuple[int, MessageInfo]]] = []
+        examined = 0
+        ended: list[bool] = []
+        for shard in range(shards):
+            if offsets[shard] < 0:
+                found.append([])
+                ended.append(True)
+                continue
+            matches, seen, exhausted = self._scan(filter, shard, offsets[shard], limit)
+            found.append(matches)
+            examined += seen
+            ended.append(exhausted and len(matches) <= limit)
+            if not matches:
+                offsets[shard] = -1 if exhausted else offsets[shard] + seen
+        merged = heapq.merge(
+            *[
+                [(self._sort_key(info), shard, offset, info) for offset, info in shard_matches]
+                for shard, shard_matches in enumerate(found)
+            ]
+        )
+        page: list[MessageInfo] = []
+        consumed: dict[int, int] = {}
+        for _, shard, offset, info in merged:
+            if len(page) == limit:
+                break
+            page.append(info)
+            consumed[shard] = offset
+        for shard, shard_matches in enumerate(found):
+            if not shard_matches:
+                continue
+            if shard in consumed:
+                rest = [offset for offset, _ in shard_matches if offset > consumed[shard]]
+                if rest or not ended[shard]:
+                    offsets[shard] = consumed[shard] + 1
+                else:
+                    offsets[shard] = -1
+            else:
+                offsets[shard] = shard_matches[0][0]
+        more = any(offset >= 0 for offset in offsets)
+        return Page(page, ".".join(str(offset) for offset in offsets) if more else None, examined)
+
+    def count(self, filter: MessageFilter, *, max_scan: int = MAX_SCAN) -> Count:
+        """How many messages match (a full scan in bounded calls, up to ``max_scan`` entries per shard)."""
+        matched = examined = 0
+        complete = True
+        for shard in range(len(self.store.shards)):
+            offset, shard_examined = 0, 0
+            while True:
+                matches, seen, exhausted = self._scan(filter, shard, offset, MAX_BATCH, max_scan=SCAN_PER_CALL)
+                matched += len(matches)
+                shard_examined += seen
+                offset += seen
+                if exhausted:
+                    break
+                if shard_examined >= max_scan:
+                    complete = False
+                    break
+            examined += shard_examined
+        return Count(matched, examined, complete)
+
+    def ids(self, filter: MessageFilter) -> Iterator[str]:
+        """Every matching id, shard by shard (a full scan in bounded calls)."""
+        for shard in range(len(self.store.shards)):
+            offset = 0
+            while True:
+                matches, seen, exhausted = self._scan(filter, shard, offset, MAX_BATCH, max_scan=SCAN_PER_CALL)
+                for _, info in matches:
+                    yield info.id
+                offset += seen
+                if exhausted:
+                    break
+
+    def _scan(
+        self, filter: MessageFilter, shard: int, offset: int, limit: int, *, max_scan: int = MAX_SCAN
+    ) -> tuple[list[tuple[int, MessageInfo]], int, bool]:
+        """Matches of one shard from ``offset``: up to ``limit`` of them, examining up to ``max_scan`` entries.
+        Returns the matches with their offsets, the entries examined, and whether the window is exhausted."""
+        found: list[tuple[int, MessageInfo]] = []
+        examined = 0
+        while len(found) < limit and examined < max_scan:
+            reply = self.store.scan_index(
+                filter.state,
+                shard,
+                min_score=_score_bound(filter, "start"),
+                max_score=_score_bound(filter, "end"),
+                offset=offset + examined,
+                scan=min(SCAN_PER_CALL, max_scan - examined),
+                limit=limit - len(found),
+                queue=filter.queue,
+                task=filter.task,
+                id_prefix=filter.id_prefix,
+            )
+            examined += reply.examined
+            for position, info in reply.matches:
+                if filter.matches_text(info):
+                    found.append((position, info))
+            if reply.exhausted:
+                return found, examined, True
+            if reply.examined == 0:
+                break
+        return found, examined, False
+
+    def _sort_key(self, info: MessageInfo) -> tuple[int, str]:
+        return (info.due_ms if info.state == "due" else info.at_ms) or 0, info.id
+
+    # -- acting --------------------------------------------------------------------------------------------------
+
+    def cancel(self, ids: Sequence[str] | None = None, filter: MessageFilter | None = None) -> BulkResult:
+        """Delete parked (or dead) messages for good."""
+        targets = self._targets(ids, filter, default_state="due")
+        done = 0
+        skipped: list[str] = []
+        for chunk in _chunks(targets):
+            removed = self.store.cancel_each(chunk)
+            done += sum(removed)
+            skipped.extend(id for id, flag in zip(chunk, removed, strict=True) if not flag)
+        return BulkResult("cancel", len(targets), done, skipped)
+
+    def run_now(self, ids: Sequence[str] | None = None, filter: MessageFilter | None = None) -> BulkResult:
+        """Make parked messages due now (they are promoted at once)."""
+        return self.reschedule(ids, filter, delay=0, action="run_now")
+
+    def reschedule(
+        self,
+        ids: Sequence[str] | None = None,
+        filter: MessageFilter | None = None,
+        *,
+        delay: Delay | None = None,
+        due: datetime | None = None,
+        action: Action = "reschedule",
+    ) -> BulkResult:
+        """Give parked messages a new due time (``delay`` from now, or ``due``), all the same instant. A Celery
+        message's own eta header moves with it (see :func:`reschedule_one`). One call per message."""
+        targets = self._targets(ids, filter, default_state="due")
+        if (delay is None) == (due is None):
+            raise ValueError("give delay or due")
+        when = due if due is not None else ms_to_datetime(self.store.now_ms() + delay_to_ms(delay))
+        skipped = [id for id in targets if reschedule_one(self.store, id, when) is None]
+        return BulkResult(action, len(targets), len(targets) - len(skipped), skipped)
+
+    def requeue(self, ids: Sequence[str] | None = None, filter: MessageFilter | None = None) -> BulkResult:
+        """Park dead-lettered messages again, due now, attempts reset."""
+        targets = self._targets(ids, filter, default_state="dead")
+        done = 0
+        skipped: list[str] = []
+        for chunk in _chunks(targets):
+            result = self.store.requeue_dead(chunk)
+            done += result.count
+            skipped.extend(result.not_requeued)
+        return BulkResult("requeue", len(targets), done, skipped)
+
+    def purge(self, ids: Sequence[str] | None = None, filter: MessageFilter | None = None) -> BulkResult:
+        """Delete dead-lettered messages for good."""
+        targets = self._targets(ids, filter, default_state="dead")
+        done = sum(self.store.purge_dead(chunk) for chunk in _chunks(targets))
+        return BulkResult("purge", len(targets), done)
+
+    def _targets(
+        self, ids: Sequence[str] | None, filter: MessageFilter | None, *, default_state: ListState
+    ) -> list[str]:
+        if (ids is None) == (filter is None):
+            raise ValueError("give ids or a filter, not both")
+        if ids is not None:
+            return list(dict.fromkeys(ids))
+        assert filter is not None
+        if filter.state != default_state and not (default_state == "due" and filter.state == "dead"):
+            filter = replace(filter, state=default_state)
+        return list(dict.fromkeys(self.ids(filter)))
+
+
+def _envelope(info: MessageInfo) -> Envelope | None:
+    if info.raw is None:
+        return None
+    try:
+        return Envelope.decode(info.raw)
+    except CorruptEnvelope:
+        return None
+
+
+def _score_bound(filter: MessageFilter, side: Literal["start", "end"]) -> str:
+    """The ZRANGEBYSCORE bound of the filter's window: due times are encoded scores; the others are plain ms."""
+    value = filter.start_ms if side == "start" else filter.end_ms
+    if value is None:
+        return "-inf" if side == "start" else "+inf"
+    if filter.state == "due":
+        return str(score_floor(value) if side == "start" else score_ceiling(value))
+    return str(value)
+
+
+def _cursor(text: str | None, shards: int) -> list[int]:
+    if not text:
+        return [0] * shards
+    try:
+        offsets = [int(part) for part in text.split(".")]
+    except ValueError:
+        raise ValueError(f"not a cursor of this store: {text!r}") from None
+    if len(offsets) != shards or any(offset < -1 for offset in offsets):
+        raise ValueError(f"not a cursor of this store: {text!r}")
+    return offsets
+
+
+def _chunks(ids: list[str]) -> Iterator[list[str]]:
+    for start in range(0, len(ids), MAX_BATCH):
+        yield ids[start : start + MAX_BATCH]
+
+
+def reschedule_one(store: DelayStore, id: str, due: datetime) -> int | None:
+    """Move one parked message to ``due``; returns its new due time (ms), or None if it is not parked.
+
+    A Celery message carries its own eta, which moves with it in the same atomic step (otherwise a task moved
+    earlier would wait in a worker for its old eta); that needs celery installed.
+    """
+    info = store.get(id)
+    if info is None or info.state != "due":
+        return None
+    envelope = info.envelope
+    if envelope is not None and envelope.framework == "celery":
+        try:
+            from .celery.messages import reschedule_parked
+        except ImportError:
+            raise ConfigurationError(
+                "moving a Celery task rewrites its eta header, which needs celery installed"
+            ) from None
+        return reschedule_parked(store, id, due)
+    return store.reschedule(id, due=due)

@@ -1,0 +1,169 @@
+"""The operations layer on a real redis-server: filters find exactly the matching messages, page by page, on one
+shard or many; bulk actions act on exactly those and report what they did."""
+
+from __future__ import annotations
+
+import base64
+import json
+from datetime import datetime, timedelta, timezone
+
+import pytest
+import redis
+
+from delay_broker import DelayStore, Envelope, ParkRequest
+from delay_broker.operations import MessageFilter, Operations
+
+from .helpers import celery_envelope, dramatiq_envelope
+
+HOUR_MS = 3_600_000
+
+
+def celery_with_args(task: str, id: str, queue: str, args: list) -> Envelope:
+    envelope = celery_envelope(task, id, queue)
+    message = json.loads(envelope.payload)
+    message["body"] = base64.b64encode(json.dumps([args, {}, {}]).encode()).decode()
+    return Envelope(route=queue, payload=json.dumps(message).encode(), framework="celery", name=task)
+
+
+@pytest.fixture(params=[1, 4], ids=["one-shard", "four-shards"])
+def sharded(client: redis.Redis, namespace: str, request) -> DelayStore:
+    return DelayStore(client, namespace=namespace, shards=request.param)
+
+
+def populate(store: DelayStore) -> dict[str, dict]:
+    """420 messages: Dramatiq emails, Celery reports (some for customer 'acme'), and others, due over 7 hours."""
+    now = store.now_ms()
+    expected: dict[str, dict] = {}
+    requests = []
+    for n in range(420):
+        kind = n % 3
+        if kind == 0:
+            id, envelope = f"mail-{n:04d}", dramatiq_envelope("send_email", f"mail-{n:04d}", queue="emails")
+            meta = {"queue": "emails", "task": "send_email", "text": ""}
+        elif kind == 1:
+            customer = "acme" if n % 7 == 1 else "globex"
+            id = f"rep-{n:04d}"
+            envelope = celery_with_args("tasks.report", id, "reports", [customer, n])
+            meta = {"queue": "reports", "task": "tasks.report", "text": customer}
+        else:
+            id, envelope = f"misc-{n:04d}", dramatiq_envelope("cleanup", f"misc-{n:04d}", queue="default")
+            meta = {"queue": "default", "task": "cleanup", "text": ""}
+        due_ms = now + HOUR_MS + (n % 7) * HOUR_MS
+        meta["due_ms"] = due_ms
+        expected[id] = meta
+        requests.append(ParkRequest(id, envelope, due=datetime.fromtimestamp(due_ms / 1000, tz=timezone.utc)))
+    store.park_many(requests)
+    return expected
+
+
+def all_pages(ops: Operations, filter: MessageFilter, limit: int) -> list[str]:
+    ids, cursor, pages = [], None, 0
+    while True:
+        page = ops.find(filter, cursor=cursor, limit=limit)
+        assert len(page.messages) <= limit
+        ids.extend(info.id for info in page.messages)
+        pages += 1
+        cursor = page.cursor
+        if cursor is None:
+            return ids
+        assert pages < 1000
+
+
+@pytest.mark.parametrize(
+    ("filter", "wanted"),
+    [
+        (MessageFilter(queue="emails"), lambda m: m["queue"] == "emails"),
+        (MessageFilter(task="tasks.report"), lambda m: m["task"] == "tasks.report"),
+        (MessageFilter(queue="reports", text="ACME"), lambda m: m["text"] == "acme"),
+        (MessageFilter(id_prefix="misc-01"), None),
+        (MessageFilter(task="nothing-like-this"), lambda m: False),
+        (MessageFilter(), lambda m: True),
+    ],
+)
+def test_a_filter_finds_exactly_the_matching_messages_page_by_page_in_due_order(sharded, filter, wanted):
+    expected = populate(sharded)
+    ops = Operations(sharded)
+    if wanted is None:
+        matching = {id for id in expected if id.startswith(filter.id_prefix)}
+    else:
+        matching = {id for id, meta in expected.items() if wanted(meta)}
+    found = all_pages(ops, filter, limit=17)
+    assert len(found) == len(set(found)), "no message on two pages"
+    assert set(found) == matching
+    dues = [expected[id]["due_ms"] for id in found]
+    assert dues == sorted(dues), "oldest first, across shards"
+    count = ops.count(filter)
+    assert count.complete and count.matched == len(matching)
+
+
+def test_a_due_window_bounds_the_scan(sharded):
+    expected = populate(sharded)
+    first = min(meta["due_ms"] for meta in expected.values())
+    window = MessageFilter(start_ms=first + HOUR_MS, end_ms=first + 2 * HOUR_MS, queue="emails")
+    found = set(all_pages(Operations(sharded), window, limit=50))
+    assert found == {
+        id
+        for id, meta in expected.items()
+        if meta["queue"] == "emails" and first + HOUR_MS <= meta["due_ms"] <= first + 2 * HOUR_MS
+    }
+    with pytest.raises(ValueError, match="ends before it starts"):
+        MessageFilter(start_ms=10, end_ms=5)
+
+
+def test_a_bad_cursor_is_refused(sharded):
+    with pytest.raises(ValueError, match="not a cursor"):
+        Operations(sharded).find(MessageFilter(), cursor="x.y")
+
+
+def test_bulk_cancel_by_filter_removes_exactly_those_and_reports_it(sharded):
+    expected = populate(sharded)
+    ops = Operations(sharded)
+    result = ops.cancel(filter=MessageFilter(queue="reports", text="acme"))
+    acme = {id for id, meta in expected.items() if meta["text"] == "acme"}
+    assert (result.action, result.matched, result.done, result.skipped) == ("cancel", len(acme), len(acme), [])
+    assert all(sharded.get(id) is None for id in acme)
+    assert sharded.stats().parked == len(expected) - len(acme)
+    again = ops.cancel(ids=[*sorted(acme)[:3], "mail-0000"])
+    assert again.done == 1 and again.skipped == sorted(acme)[:3]
+
+
+def test_run_now_and_reschedule_by_filter_move_only_the_matching(sharded):
+    expected = populate(sharded)
+    ops = Operations(sharded)
+    moved = ops.run_now(filter=MessageFilter(task="cleanup", id_prefix="misc-00"))
+    chosen = {id for id in expected if id.startswith("misc-00")}
+    assert moved.done == len(chosen) == moved.matched
+    now = sharded.now_ms()
+    for id in chosen:
+        info = sharded.get(id)
+        assert info is not None and info.due_ms is not None and info.due_ms <= now
+    later = datetime.now(timezone.utc) + timedelta(days=30)
+    reports = ops.reschedule(filter=MessageFilter(queue="reports", text="acme"), due=later)
+    assert reports.done == reports.matched > 0
+    some = next(id for id, meta in expected.items() if meta["text"] == "acme")
+    info = sharded.get(some)
+    assert info is not None and info.due_ms is not None and abs(info.due_ms - later.timestamp() * 1000) < 2
+    headers = json.loads(info.envelope.payload)["headers"]  # type: ignore[union-attr]
+    assert headers["eta"].startswith(later.date().isoformat()), "a Celery task's eta moves with it"
+
+
+def test_dead_letters_are_requeued_and_purged_by_filter(sharded):
+    past = datetime.now(timezone.utc) - timedelta(minutes=1)
+    for n in range(30):
+        queue = "payments" if n % 2 else "emails"
+        sharded.park(f"d-{n}", dramatiq_envelope("charge", f"d-{n}", queue=queue), due=past)
+    for shard in range(len(sharded.shards)):
+        claim = sharded.claim(100, 60, "ops-test", shard=shard)
+        sharded.nack(claim.lease_deadline_ms, [(m.id, "refused", "dead") for m in claim.messages], shard=shard)
+    ops = Operations(sharded)
+    assert ops.count(MessageFilter(state="dead")).matched == 30
+    requeued = ops.requeue(filter=MessageFilter(state="dead", queue="payments"))
+    assert requeued.done == requeued.matched == 15
+    purged = ops.purge(filter=MessageFilter(state="dead"))
+    assert purged.done == purged.matched == 15
+    assert sharded.stats().dead == 0 and sharded.stats().parked == 15
+
+
+def test_ids_or_a_filter_not_both(sharded):
+    with pytest.raises(ValueError, match="ids or a filter"):
+        Operations(sharded).cancel(ids=["a"], filter=MessageFilter())
