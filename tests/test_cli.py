@@ -641,3 +641,48 @@ def test_cron_add_change_pause_resume_run_now_and_remove(run, store: DelayStore)
     assert run("cron", "remove", "report").exit_code == 1, "asks first; not a terminal"
     assert run("cron", "remove", "report", "--yes").exit_code == 0
     assert RuntimeSchedules(store).get("report") is None and store.stats().parked == 0
+
+
+def test_ls_filters_and_bulk_cancel_reschedule_requeue_purge_by_filter(run, store: DelayStore) -> None:
+    for n in range(12):
+        queue, actor = ("emails", "send_welcome") if n % 3 else ("reports", "build_report")
+        store.park(f"f-{n:02d}", dramatiq_envelope(actor, f"f-{n:02d}", queue=queue), delay=3600 + n)
+    store.park("cel-acme", celery_envelope("tasks.bill", "cel-acme"), delay=7200)
+    welcome = {f"f-{n:02d}" for n in range(12) if n % 3}
+
+    listed, cursor = [], None
+    while True:
+        args = ["ls", "--task", "send_welcome", "--limit", "3", "--json"] + (["--cursor", cursor] if cursor else [])
+        page = as_json(run(*args))
+        listed += [message["id"] for message in page["messages"]]
+        cursor = page["next_cursor"]
+        if cursor is None:
+            break
+    assert listed == sorted(welcome), "every match once, in due order, page by page"
+    assert [m["id"] for m in as_json(run("ls", "--text", "[2, 3]", "--json"))["messages"]] == ["cel-acme"]
+    assert "matching task 'send_welcome'" in run("ls", "--task", "send_welcome").output
+    mixed = run("ls", "--task", "send_welcome", "--offset", "3")
+    assert mixed.exit_code == 2 and "--cursor" in mixed.output
+
+    refused = run("cancel", "--queue", "reports")
+    assert refused.exit_code == 1 and "4 parked message(s) matching queue 'reports'" in refused.output
+    cancelled = as_json(run("cancel", "--queue", "reports", "--yes", "--json"))
+    assert (cancelled["matched"], cancelled["done"]) == (4, 4)
+    assert all(store.get(f"f-{n:02d}") is None for n in range(0, 12, 3))
+    assert run("cancel", "f-01", "--queue", "emails").exit_code == 2, "IDs or a filter, not both"
+
+    moved = as_json(run("reschedule", "--task", "send_welcome", "--id-prefix", "f-0", "--now", "--yes", "--json"))
+    assert moved["done"] == moved["matched"] == len([id for id in welcome if id.startswith("f-0")])
+    info = store.get("f-01")
+    assert info is not None and info.due_ms is not None and info.due_ms <= store.now_ms()
+    assert store.get("f-10").due_ms > store.now_ms(), "outside the filter: not moved"  # type: ignore[union-attr]
+
+    claim = store.claim(100, 60, "cli-test")
+    store.nack(claim.lease_deadline_ms, [(m.id, "refused", "dead") for m in claim.messages])
+    assert store.stats().dead == len(claim.messages) > 0
+    requeued = as_json(run("dead", "requeue", "--task", "send_welcome", "--id-prefix", "f-01", "--yes", "--json"))
+    assert (requeued["matched"], requeued["done"]) == (1, 1)
+    purged = as_json(run("dead", "purge", "--queue", "emails", "--yes", "--json"))
+    assert purged["done"] == purged["matched"] == len(claim.messages) - 1
+    assert store.stats().dead == 0
+    assert run("dead", "requeue", "f-02", "--all").exit_code == 2

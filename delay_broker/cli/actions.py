@@ -2,20 +2,29 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import click
 from rich.text import Text
 
 from ..clock import delay_to_ms, ms_to_datetime
+from ..errors import ConfigurationError
+from ..operations import Operations, reschedule_one
 from ..store import MessageInfo
 from .common import (
     STATE_WORDS,
+    bulk,
     confirm,
     confirm_option,
     emit_json,
+    filter_options,
     get_message,
+    message_filter,
     open_session,
+    report,
     reports_errors,
     store_options,
+    window_options,
 )
 from .format import (
     format_relative,
@@ -36,54 +45,106 @@ def describe(info: MessageInfo) -> str:
     return f"{printable(info.id)!r} ({printable(what)}{when}, {STATE_WORDS[info.state]})"
 
 
-@click.command(short_help="Delete a parked message for good (asks first).")
-@click.argument("id")
+@click.command(short_help="Delete parked messages for good: IDs, or all that match a filter (asks first).")
+@click.argument("ids", nargs=-1, metavar="[ID]...")
+@filter_options
+@window_options
 @confirm_option
 @store_options
 @reports_errors
-def cancel(id: str, yes: bool, redis_url: str | None, namespace: str, as_json: bool) -> None:
-    """Delete parked message ID so that it never runs. Also deletes a dead-lettered one. A message in flight
-    (being promoted right now) cannot be cancelled.
+def cancel(
+    ids: Sequence[str],
+    queue: str | None,
+    task: str | None,
+    id_prefix: str | None,
+    text: str | None,
+    start: str | None,
+    end: str | None,
+    yes: bool,
+    redis_url: str | None,
+    namespace: str,
+    as_json: bool,
+) -> None:
+    """Delete parked message ID so that it never runs (a dead-lettered one too), or several IDs, or every parked
+    message that matches --queue/--task/--id-prefix/--text/--from/--to. A message in flight (being promoted
+    right now) cannot be cancelled.
 
-    Asks for confirmation; when not at a terminal, refuses unless --yes is given.
+    \b
+    Examples:
+      delay-broker cancel 6f1c...
+      delay-broker cancel --task send_newsletter --yes          every parked send_newsletter
+      delay-broker cancel --queue emails --text @example.org --to 1d
+
+    Asks for confirmation, showing how many messages it touches; when not at a terminal, refuses unless --yes
+    is given.
     """
     session = open_session(redis_url, namespace, as_json)
+    filtered = any((queue, task, id_prefix, text, start, end))
+    if filtered and ids:
+        raise click.UsageError("give IDs or a filter (--queue, --task, ...), not both")
+    if filtered:
+        filter = message_filter(session, "due", start, end, queue, task, id_prefix, text)
+        bulk(session, filter, yes, "cancel", lambda chosen: Operations(session.store).cancel(filter=chosen))
+        return
+    if not ids:
+        raise click.UsageError("give the IDs to cancel, or a filter: --queue, --task, --id-prefix, --text, --from/--to")
+    if len(ids) > 1:
+        unique = list(dict.fromkeys(ids))
+        confirm(f"cancel {len(unique)} messages", f"Cancel {len(unique)} messages? They are deleted for good.", yes)
+        result = Operations(session.store).cancel(ids=unique)
+        text_out = f"Cancelled {result.done:,} of {result.matched:,} message(s)."
+        if result.skipped:
+            text_out += " Not parked (unknown, promoted or in flight): " + ", ".join(
+                repr(printable(id)) for id in result.skipped[:20]
+            )
+        report(session, {"cancelled": result.done, "not_cancelled": result.skipped}, text_out)
+        return
+    id = ids[0]
     info = get_message(session, id)
     if info.state == "inflight":
         raise click.ClickException(f"message {describe(info)} is being promoted right now; it cannot be cancelled")
     confirm(f"cancel message {describe(info)}", f"Cancel message {describe(info)}? It is deleted for good.", yes)
     if not session.store.cancel(id):
         raise click.ClickException(f"message {printable(id)!r} could not be cancelled: it was promoted meanwhile")
-    if as_json:
-        emit_json({"id": id, "cancelled": True, "state": info.state})
-    else:
-        session.console.print(Text(f"Cancelled {describe(info)}."))
+    report(session, {"id": id, "cancelled": True, "state": info.state}, f"Cancelled {describe(info)}.")
 
 
-@click.command(short_help="Move a parked message: --in 5m, --at ISO-TIME or --now.")
-@click.argument("id")
+@click.command(short_help="Move a parked message, or all that match a filter: --in 5m, --at ISO-TIME or --now.")
+@click.argument("id", required=False)
 @click.option("--in", "in_", metavar="DURATION", help="Due this long from now: 90s, 5m, 2h, 3d, 1w, 1h30m.")
 @click.option("--at", "at", metavar="TIME", help="Due at this ISO 8601 time (UTC unless it has an offset).")
 @click.option("--now", "now", is_flag=True, help="Due now: promoted at once.")
+@filter_options
+@window_options
+@confirm_option
 @store_options
 @reports_errors
 def reschedule(
-    id: str,
+    id: str | None,
     in_: str | None,
     at: str | None,
     now: bool,
+    queue: str | None,
+    task: str | None,
+    id_prefix: str | None,
+    text: str | None,
+    start: str | None,
+    end: str | None,
+    yes: bool,
     redis_url: str | None,
     namespace: str,
     as_json: bool,
 ) -> None:
-    """Give parked message ID a new due time: exactly one of --in, --at and --now. Only parked messages can
-    be moved (for dead-lettered ones use: delay-broker dead requeue ID).
+    """Give parked message ID a new due time, or every parked message matching a filter (--queue, --task,
+    --id-prefix, --text, --from/--to; asks first): exactly one of --in, --at and --now. Only parked messages
+    can be moved (for dead-lettered ones use: delay-broker dead requeue ID). A Celery task's own eta moves with it.
 
     \b
     Examples:
       delay-broker reschedule 6f1c... --in 10m
       delay-broker reschedule 6f1c... --at 2030-01-31T09:00:00+01:00
       delay-broker reschedule 6f1c... --now
+      delay-broker reschedule --queue reports --now --yes      run every parked report now
     """
     if sum(option is not None and option is not False for option in (in_, at, now)) != 1:
         raise click.UsageError("give exactly one of --in DURATION, --at TIME and --now")
@@ -96,21 +157,24 @@ def reschedule(
             due = ms_to_datetime(session.store.now_ms() + delay_to_ms(0 if now else parse_duration(in_ or "")))
     except ValueError as error:
         raise click.BadParameter(str(error), param_hint="--in/--at") from None
+    filtered = any((queue, task, id_prefix, text, start, end))
+    if filtered and id:
+        raise click.UsageError("give an ID or a filter (--queue, --task, ...), not both")
+    if filtered:
+        filter = message_filter(session, "due", start, end, queue, task, id_prefix, text)
+        verb = "run now" if now else "reschedule"
+        bulk(session, filter, yes, verb, lambda chosen: Operations(session.store).reschedule(filter=chosen, due=due))
+        return
+    if not id:
+        raise click.UsageError("give the ID to move, or a filter: --queue, --task, --id-prefix, --text, --from/--to")
     info = get_message(session, id)
     if info.state != "due":
         hint = " (use: delay-broker dead requeue ID)" if info.state == "dead" else ""
         raise click.ClickException(f"message {describe(info)} is not parked, so it cannot be rescheduled{hint}")
-    if info.envelope is not None and info.envelope.framework == "celery":
-        # A Celery message carries its own eta, which must move with it (see delay_broker.celery.reschedule).
-        try:
-            from ..celery.messages import reschedule_parked
-        except ImportError:
-            raise click.ClickException(
-                "moving a Celery task rewrites its eta header, which needs celery installed"
-            ) from None
-        due_ms = reschedule_parked(session.store, id, due)
-    else:
-        due_ms = session.store.reschedule(id, due=due)
+    try:
+        due_ms = reschedule_one(session.store, id, due)
+    except ConfigurationError as error:
+        raise click.ClickException(str(error)) from None
     if due_ms is None:
         raise click.ClickException(f"message {printable(id)!r} could not be rescheduled: it was promoted meanwhile")
     if as_json:

@@ -17,8 +17,9 @@ from rich.text import Text
 
 from ..errors import DelayBrokerError
 from ..keys import DEFAULT_NAMESPACE
+from ..operations import BulkResult, MessageFilter, Operations
 from ..store import DelayStore, MessageInfo
-from .format import printable
+from .format import format_time, parse_when, printable
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
@@ -153,3 +154,98 @@ def get_message(session: Session, id: str) -> MessageInfo:
             "cancelled or purged)"
         )
     return info
+
+
+# -- filters (the operations layer's MessageFilter) ----------------------------------------------------------------
+
+
+def filter_options(func: F) -> F:
+    """``--queue``, ``--task``, ``--id-prefix`` and ``--text``: which messages a listing or bulk action covers."""
+    func = click.option("--text", metavar="TEXT", help="Only messages whose decoded payload contains TEXT.")(func)
+    func = click.option("--id-prefix", metavar="PREFIX", help="Only messages whose id starts with PREFIX.")(func)
+    func = click.option("--task", metavar="NAME", help="Only messages of this actor (Dramatiq) or task (Celery).")(func)
+    func = click.option("--queue", metavar="QUEUE", help="Only messages for this queue (their route).")(func)
+    return func
+
+
+def window_options(func: F) -> F:
+    """``--from``/``--to``: a window on the time a state is ordered by (due time, lease deadline, death)."""
+    func = click.option(
+        "--to",
+        "end",
+        metavar="WHEN",
+        help="Latest time: ISO 8601 (UTC unless it has an offset), 'now', or relative: 30m, -1h, 2d.",
+    )(func)
+    func = click.option(
+        "--from",
+        "start",
+        metavar="WHEN",
+        help="Earliest time: ISO 8601 (UTC unless it has an offset), 'now', or relative: 5m, -2h, 3d.",
+    )(func)
+    return func
+
+
+def message_filter(
+    session: Session,
+    state: ListState,
+    start: str | None = None,
+    end: str | None = None,
+    queue: str | None = None,
+    task: str | None = None,
+    id_prefix: str | None = None,
+    text: str | None = None,
+) -> MessageFilter:
+    now = session.store.now_ms()
+    try:
+        start_ms = None if start is None else parse_when(start, now)
+        end_ms = None if end is None else parse_when(end, now)
+    except ValueError as error:
+        raise click.BadParameter(str(error), param_hint="--from/--to") from None
+    if start_ms is not None and end_ms is not None and start_ms > end_ms:
+        raise click.BadParameter("--from is after --to", param_hint="--from/--to")
+    return MessageFilter(state, start_ms, end_ms, queue or None, task or None, id_prefix or None, text or None)
+
+
+def describe_filter(filter: MessageFilter) -> str:
+    """``queue 'emails', task 'send_email'``: what a filter selects, for confirmations."""
+    parts = [
+        f"{label} {printable(value)!r}"
+        for label, value in (
+            ("queue", filter.queue),
+            ("task", filter.task),
+            ("id prefix", filter.id_prefix),
+            ("text", filter.text),
+        )
+        if value
+    ]
+    if filter.start_ms is not None:
+        parts.append(f"from {format_time(filter.start_ms)}")
+    if filter.end_ms is not None:
+        parts.append(f"to {format_time(filter.end_ms)}")
+    return ", ".join(parts) or "everything"
+
+
+def bulk(
+    session: Session,
+    filter: MessageFilter,
+    yes: bool,
+    verb: str,
+    act: Callable[[MessageFilter], BulkResult],
+) -> None:
+    """Count what a filter selects, ask (``verb`` N messages ...?), act in batches, report what was done."""
+    count = Operations(session.store).count(filter)
+    matched = f"{count.matched:,}{'' if count.complete else '+'}"
+    what = f"{matched} {STATE_WORDS[filter.state]} message(s) matching {describe_filter(filter)}"
+    if count.matched == 0:
+        report(
+            session,
+            {"action": verb, "matched": 0, "done": 0, "skipped": []},
+            f"No {STATE_WORDS[filter.state]} message matches {describe_filter(filter)}.",
+        )
+        return
+    confirm(f"{verb} {what}", f"{verb.capitalize()} {what}?", yes)
+    result = act(filter)
+    text = f"{verb.capitalize()}: {result.done:,} of {result.matched:,} matching message(s)."
+    if result.matched - result.done:
+        text += f" {result.matched - result.done:,} were no longer there (promoted or changed meanwhile)."
+    report(session, {"action": verb, "matched": result.matched, "done": result.done, "skipped": result.skipped}, text)

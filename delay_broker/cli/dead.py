@@ -7,16 +7,21 @@ from collections.abc import Sequence
 
 import click
 
+from ..operations import Operations
 from .actions import describe
 from .common import (
     OrderedGroup,
+    bulk,
     confirm,
     confirm_option,
     emit_json,
+    filter_options,
     get_message,
+    message_filter,
     open_session,
     reports_errors,
     store_options,
+    window_options,
 )
 from .format import printable
 from .inspect import list_page, page_options, show_message
@@ -69,23 +74,42 @@ def dead_show(id: str, redis_url: str | None, namespace: str, as_json: bool) -> 
     show_message(session, info)
 
 
-@dead.command("requeue", short_help="Send dead-lettered messages again (IDs, or --all).")
+@dead.command("requeue", short_help="Send dead-lettered messages again (IDs, --all, or a filter).")
 @click.argument("ids", nargs=-1, metavar="[ID]...")
 @click.option("--all", "all_", is_flag=True, help="Requeue every dead-lettered message (asks first).")
+@filter_options
+@window_options
 @confirm_option
 @store_options
 @reports_errors
 def dead_requeue(
-    ids: Sequence[str], all_: bool, yes: bool, redis_url: str | None, namespace: str, as_json: bool
+    ids: Sequence[str],
+    all_: bool,
+    queue: str | None,
+    task: str | None,
+    id_prefix: str | None,
+    text: str | None,
+    start: str | None,
+    end: str | None,
+    yes: bool,
+    redis_url: str | None,
+    namespace: str,
+    as_json: bool,
 ) -> None:
     """Park dead-lettered messages again, due now, with their attempts reset: the promoter delivers them at
-    once. Give IDs, or --all (which asks for confirmation, and refuses without --yes when not at a terminal).
+    once. Give IDs, --all, or a filter (--queue, --task, --id-prefix, --text, --from/--to on when they died);
+    --all and filters ask for confirmation, and refuse without --yes when not at a terminal.
 
     Fix what killed them first (see: delay-broker dead ls), or they die again.
     """
-    if bool(ids) == all_:
-        raise click.UsageError("give the IDs of dead-lettered messages, or --all")
+    filtered = any((queue, task, id_prefix, text, start, end))
+    if sum((bool(ids), all_, filtered)) != 1:
+        raise click.UsageError("give the IDs of dead-lettered messages, --all, or a filter (--queue, --task, ...)")
     session = open_session(redis_url, namespace, as_json)
+    if filtered:
+        filter = message_filter(session, "dead", start, end, queue, task, id_prefix, text)
+        bulk(session, filter, yes, "requeue", lambda chosen: Operations(session.store).requeue(filter=chosen))
+        return
     missing: list[str] = []
     if all_:
         count = session.store.stats().dead
@@ -111,17 +135,39 @@ def dead_requeue(
         sys.exit(1)
 
 
-@dead.command("purge", short_help="Delete dead-lettered messages for good (IDs, or all; asks first).")
+@dead.command("purge", short_help="Delete dead-lettered messages for good (IDs, a filter, or all; asks first).")
 @click.argument("ids", nargs=-1, metavar="[ID]...")
+@filter_options
+@window_options
 @confirm_option
 @store_options
 @reports_errors
-def dead_purge(ids: Sequence[str], yes: bool, redis_url: str | None, namespace: str, as_json: bool) -> None:
-    """Delete dead-lettered messages for good: the given IDs, or all of them when no ID is given.
+def dead_purge(
+    ids: Sequence[str],
+    queue: str | None,
+    task: str | None,
+    id_prefix: str | None,
+    text: str | None,
+    start: str | None,
+    end: str | None,
+    yes: bool,
+    redis_url: str | None,
+    namespace: str,
+    as_json: bool,
+) -> None:
+    """Delete dead-lettered messages for good: the given IDs, those matching a filter (--queue, --task,
+    --id-prefix, --text, --from/--to on when they died), or all of them when neither is given.
 
     Asks for confirmation; when not at a terminal, refuses unless --yes is given.
     """
     session = open_session(redis_url, namespace, as_json)
+    filtered = any((queue, task, id_prefix, text, start, end))
+    if filtered and ids:
+        raise click.UsageError("give IDs or a filter (--queue, --task, ...), not both")
+    if filtered:
+        filter = message_filter(session, "dead", start, end, queue, task, id_prefix, text)
+        bulk(session, filter, yes, "purge", lambda chosen: Operations(session.store).purge(filter=chosen))
+        return
     if ids:
         what = f"{len(set(ids))} dead-lettered message(s)"
         count = len(ids)

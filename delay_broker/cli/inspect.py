@@ -14,6 +14,7 @@ from rich.text import Text
 
 from ..connect import describe as describe_client
 from ..decoding import escape_bytes
+from ..operations import Operations
 from ..store import MessageInfo
 from .common import (
     MAX_PAGE,
@@ -23,8 +24,11 @@ from .common import (
     ListState,
     Session,
     cell,
+    describe_filter,
     emit_json,
+    filter_options,
     get_message,
+    message_filter,
     open_session,
     reports_errors,
     store_options,
@@ -36,7 +40,6 @@ from .format import (
     format_time,
     histogram_rows,
     message_record,
-    parse_when,
     printable,
     stats_record,
 )
@@ -133,30 +136,45 @@ def list_page(
     end: str | None,
     offset: int,
     limit: int,
+    *,
+    queue: str | None = None,
+    task: str | None = None,
+    id_prefix: str | None = None,
+    text: str | None = None,
+    cursor: str | None = None,
 ) -> None:
     now = session.store.now_ms()
-    try:
-        start_ms = None if start is None else parse_when(start, now)
-        end_ms = None if end is None else parse_when(end, now)
-    except ValueError as error:
-        raise click.BadParameter(str(error), param_hint="--from/--to") from None
-    if start_ms is not None and end_ms is not None and start_ms > end_ms:
-        raise click.BadParameter("--from is after --to", param_hint="--from/--to")
-    infos = session.store.list_messages(state, start_ms=start_ms, end_ms=end_ms, offset=offset, count=limit)
-    more = len(infos) == limit
+    filter = message_filter(session, state, start, end, queue, task, id_prefix, text)
+    start_ms, end_ms = filter.start_ms, filter.end_ms
+    filtered = any((queue, task, id_prefix, text, cursor))
+    next_cursor: str | None = None
+    if filtered:
+        # The operations layer: a bounded scan, page after page by cursor (an offset would rescan).
+        if offset:
+            raise click.UsageError("with --queue/--task/--id-prefix/--text, page with --cursor, not --offset")
+        try:
+            page = Operations(session.store).find(filter, cursor=cursor, limit=limit)
+        except ValueError as error:
+            raise click.BadParameter(str(error), param_hint="--cursor") from None
+        infos, next_cursor = page.messages, page.cursor
+        more = next_cursor is not None
+    else:
+        infos = session.store.list_messages(state, start_ms=start_ms, end_ms=end_ms, offset=offset, count=limit)
+        more = len(infos) == limit
     if session.as_json:
-        emit_json(
-            {
-                "namespace": session.namespace,
-                "state": state,
-                "from_ms": start_ms,
-                "to_ms": end_ms,
-                "offset": offset,
-                "limit": limit,
-                "next_offset": offset + len(infos) if more else None,
-                "messages": [message_record(info) for info in infos],
-            }
-        )
+        record: dict[str, Any] = {
+            "namespace": session.namespace,
+            "state": state,
+            "from_ms": start_ms,
+            "to_ms": end_ms,
+            "offset": offset,
+            "limit": limit,
+            "next_offset": offset + len(infos) if more and not filtered else None,
+            "messages": [message_record(info) for info in infos],
+        }
+        if filtered:
+            record.update(filter=describe_filter(filter), next_cursor=next_cursor)
+        emit_json(record)
         return
     time_column = TIME_COLUMN[state]
     table = Table(
@@ -188,13 +206,18 @@ def list_page(
         table.add_row(*row)
     console = session.console
     if not infos:
-        console.print(f"No {STATE_WORDS[state]} messages" + (" in that range." if start or end else "."))
+        ending = " match." if filtered else " in that range." if start or end else "."
+        console.print(f"No {STATE_WORDS[state]} messages{ending}")
         if offset:
             console.print(f"(offset {offset}: past the last page?)")
         return
     console.print(table)
     shown = f"Showing {offset + 1}-{offset + len(infos)}"
-    if more:
+    if filtered:
+        shown = f"Showing {len(infos)} matching {describe_filter(filter)}"
+        if more:
+            shown += f"; next page: --cursor {next_cursor}"
+    elif more:
         shown += f"; next page: --offset {offset + len(infos)}"
     console.print(shown + ". Details of one: delay-broker " + ("dead show ID" if state == "dead" else "show ID"))
 
@@ -202,6 +225,8 @@ def list_page(
 @click.command("ls", short_help="List parked (or inflight / dead) messages, oldest first, by due range.")
 @click.argument("state", type=click.Choice(["due", "inflight", "dead"]), default="due", required=False)
 @page_options
+@filter_options
+@click.option("--cursor", metavar="CURSOR", help="Next page of a filtered listing (printed with each page).")
 @store_options
 @reports_errors
 def ls(
@@ -210,6 +235,11 @@ def ls(
     end: str | None,
     offset: int,
     limit: int,
+    queue: str | None,
+    task: str | None,
+    id_prefix: str | None,
+    text: str | None,
+    cursor: str | None,
     redis_url: str | None,
     namespace: str,
     as_json: bool,
@@ -227,9 +257,17 @@ def ls(
       delay-broker ls --from 2030-01-01 --to 2030-01-02T06:00Z --limit 200
       delay-broker ls --offset 50                the next page
       delay-broker ls inflight --json
+      delay-broker ls --queue emails --task send_welcome --to 1d
+      delay-broker ls --text acme-corp            a search in the decoded messages (arguments)
+      delay-broker ls dead --queue payments
+
+    --queue, --task, --id-prefix and --text scan the store in bounded steps: each page says where the next one
+    starts (--cursor), so a page costs the same at the start of a million messages as anywhere else.
     """
     session = open_session(redis_url, namespace, as_json)
-    list_page(session, state, start, end, offset, limit)
+    list_page(
+        session, state, start, end, offset, limit, queue=queue, task=task, id_prefix=id_prefix, text=text, cursor=cursor
+    )
 
 
 def show_message(session: Session, info: MessageInfo) -> None:
