@@ -80,6 +80,13 @@ def ms_to_datetime(millis: int) -> datetime:
     return datetime.fromtimestamp(millis / 1000, tz=timezone.utc)
 
 
+def iso_time(ms: int | None) -> str | None:
+    """ISO 8601 with milliseconds and a ``Z`` (for JSON output), or None."""
+    if ms is None:
+        return None
+    return ms_to_datetime(ms).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
 def due_of_score(score: float) -> int:
     return int(score) // FIFO_SLOTS
 

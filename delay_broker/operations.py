@@ -109,8 +109,11 @@ class Operations:
 
     # -- finding -------------------------------------------------------------------------------------------------
 
-    def find(self, filter: MessageFilter, *, cursor: str | None = None, limit: int = 50) -> Page:
-        """One page of matching messages, oldest first (by the state's index), merged over shards."""
+    def find(
+        self, filter: MessageFilter, *, cursor: str | None = None, limit: int = 50, max_scan: int = MAX_SCAN
+    ) -> Page:
+        """One page of matching messages, oldest first (by the state's index), merged over shards. Each shard
+        examines at most ``max_scan`` entries; a page that stops there has fewer messages and a cursor to go on."""
         if not 0 < limit <= MAX_BATCH:
             raise ValueError(f"limit must be 1..{MAX_BATCH}")
         shards = len(self.store.shards)
@@ -123,7 +126,7 @@ class Operations:
                 found.append([])
                 ended.append(True)
                 continue
-            matches, seen, exhausted = self._scan(filter, shard, offsets[shard], limit)
+            matches, seen, exhausted = self._scan(filter, shard, offsets[shard], limit, max_scan=max_scan)
             found.append(matches)
             examined += seen
             ended.append(exhausted and len(matches) <= limit)

@@ -23,6 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
+from .clock import iso_time
 from .errors import ConfigurationError, DelayBrokerError
 from .schedule_defs import (
     MAX_RUNS,
@@ -296,3 +297,41 @@ def _changed_timing(
         start_ms=instant(start, old.start_ms),
         end_ms=instant(end, old.end_ms),
     )
+
+
+# -- overview (the CLI's cron ls and the dashboard's schedules page) --------------------------------------------
+
+STATE_WORDS = {"due": "parked", "inflight": "in flight", "dead": "dead-lettered", "gone": "gone"}
+
+
+def schedule_rows(store: DelayStore) -> list[dict[str, Any]]:
+    stored = store.stored_schedules()
+    rows = []
+    for name in sorted({*stored.definitions, *(r for r in stored.records if not is_run_now_record(r))}):
+        due_ms = stored.records.get(name)
+        malformed = name in stored.records and due_ms is None
+        id = None if due_ms is None else occurrence_id(store.keys.namespace, name, due_ms)
+        info = None if id is None else store.get(id)
+        state = "malformed record" if malformed else "none parked" if id is None else None
+        state = state or (STATE_WORDS[info.state] if info else "gone (ran or cancelled)")
+        row: dict[str, Any] = {"name": name, "due_ms": due_ms, "due": iso_time(due_ms), "id": id, "state": state}
+        row.update(definition_fields(name, stored.definitions.get(name)))
+        rows.append(row)
+    return rows
+
+
+def definition_fields(name: str, raw: bytes | None) -> dict[str, Any]:
+    if raw is None:
+        return {"source": "code", "timing": None, "task": None, "paused": False}
+    try:
+        definition = ScheduleDefinition.decode(name, raw)
+    except CorruptSchedule as error:
+        return {"source": "stored", "timing": None, "task": None, "paused": False, "problem": str(error)}
+    return {
+        "source": "stored" if definition.call is not None else "code, overridden",
+        "timing": None if definition.timing is None else definition.timing.describe(),
+        "task": None if definition.call is None else definition.call.task,
+        "args": None if definition.call is None else list(definition.call.args),
+        "kwargs": None if definition.call is None else dict(definition.call.kwargs),
+        "paused": definition.paused,
+    }

@@ -702,6 +702,13 @@ class DelayStore:
         matches = [(int(reply[n]), _listed(state, *reply[n + 1 : n + 6])[1]) for n in range(2, len(reply), 6)]
         return IndexScan(int(reply[0]), bool(int(reply[1])), matches)
 
+    def count_due(self, start_ms: int | None, end_ms: int | None) -> int:
+        """Parked messages due between two times (inclusive; None: unbounded), over every shard."""
+        low = "-inf" if start_ms is None else score_floor(start_ms)
+        high = "+inf" if end_ms is None else score_ceiling(end_ms)
+        with self._redis("counting"):
+            return sum(int(self.client.zcount(space.due, low, high)) for space in self.shards)
+
     def iter_all(self, state: ListState = "due", page: int = 500) -> Iterator[MessageInfo]:
         """Every message of a state, page by page, shard after shard (not a snapshot: changes meanwhile may be
         missed; across shards not in time order)."""

@@ -9,11 +9,9 @@ from typing import Any, TypeVar
 import click
 from rich.table import Table
 
-from ..schedule_defs import CorruptSchedule, ScheduleDefinition, is_run_now_record, occurrence_id
-from ..schedules import RuntimeSchedules
-from ..store import DelayStore
+from ..schedule_defs import ScheduleDefinition
+from ..schedules import RuntimeSchedules, definition_fields, schedule_rows
 from .common import (
-    STATE_WORDS,
     OrderedGroup,
     Session,
     cell,
@@ -25,7 +23,7 @@ from .common import (
     reports_errors,
     store_options,
 )
-from .format import format_relative, format_time, iso_time, parse_duration, parse_iso, printable
+from .format import format_relative, format_time, parse_duration, parse_iso, printable
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -47,39 +45,6 @@ def cron() -> None:
 
     --task is the Celery task name or the Dramatiq actor name; --args, --kwargs and --options are JSON.
     """
-
-
-def schedule_rows(store: DelayStore) -> list[dict[str, Any]]:
-    stored = store.stored_schedules()
-    rows = []
-    for name in sorted({*stored.definitions, *(r for r in stored.records if not is_run_now_record(r))}):
-        due_ms = stored.records.get(name)
-        malformed = name in stored.records and due_ms is None
-        id = None if due_ms is None else occurrence_id(store.keys.namespace, name, due_ms)
-        info = None if id is None else store.get(id)
-        state = "malformed record" if malformed else "none parked" if id is None else None
-        state = state or (STATE_WORDS[info.state] if info else "gone (ran or cancelled)")
-        row: dict[str, Any] = {"name": name, "due_ms": due_ms, "due": iso_time(due_ms), "id": id, "state": state}
-        row.update(_definition_fields(name, stored.definitions.get(name)))
-        rows.append(row)
-    return rows
-
-
-def _definition_fields(name: str, raw: bytes | None) -> dict[str, Any]:
-    if raw is None:
-        return {"source": "code", "timing": None, "task": None, "paused": False}
-    try:
-        definition = ScheduleDefinition.decode(name, raw)
-    except CorruptSchedule as error:
-        return {"source": "stored", "timing": None, "task": None, "paused": False, "problem": str(error)}
-    return {
-        "source": "stored" if definition.call is not None else "code, overridden",
-        "timing": None if definition.timing is None else definition.timing.describe(),
-        "task": None if definition.call is None else definition.call.task,
-        "args": None if definition.call is None else list(definition.call.args),
-        "kwargs": None if definition.call is None else dict(definition.call.kwargs),
-        "paused": definition.paused,
-    }
 
 
 @cron.command("ls", short_help="List recurring schedules, their timing, state and next occurrence.")
@@ -171,7 +136,7 @@ def print_definition(session: Session, verb: str, definition: ScheduleDefinition
     paused = " (paused)" if definition.paused else ""
     report(
         session,
-        {"name": definition.name, verb: True, **_definition_fields(definition.name, definition.encode())},
+        {"name": definition.name, verb: True, **definition_fields(definition.name, definition.encode())},
         f"Schedule {printable(definition.name)!r} {verb}: {timing}{paused}.",
     )
 

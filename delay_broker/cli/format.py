@@ -14,6 +14,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from ..clock import due_to_ms, ms_to_datetime
+from ..clock import iso_time as iso_time
 from ..decoding import decode_payload
 from ..envelope import Envelope
 from ..store import DelayStore, MessageInfo, StoreStats
@@ -92,14 +93,6 @@ def format_time(ms: int | None) -> str:
     if ms % 1000:
         text += f".{ms % 1000:03d}"
     return text + "Z"
-
-
-def iso_time(ms: int | None) -> str | None:
-    """ISO 8601 with milliseconds and a ``Z`` (for JSON output), or None."""
-    if ms is None:
-        return None
-    moment = ms_to_datetime(ms)
-    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
 def format_span(ms: int) -> str:

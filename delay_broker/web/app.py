@@ -1,0 +1,234 @@
+"""The dashboard: a Starlette (ASGI) app over the operations layer. Pages are rendered on the server with
+Jinja2 (autoescaped: stored data is always shown as text), charts are inline SVG, and no asset comes from
+anywhere but the app itself. Every write is a POST with a CSRF token; a read-only app refuses them all."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from functools import partial
+from importlib import resources
+from typing import Any, TypeVar
+
+from jinja2 import Environment, FileSystemLoader, select_autoescape
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, RedirectResponse, Response
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+
+from ..decoding import decode_payload
+from ..errors import DelayBrokerError
+from ..operations import BulkResult, MessageFilter, Operations
+from ..schedules import RuntimeSchedules, schedule_rows
+from ..store import DelayStore, MessageInfo
+from . import csrf
+from .charts import bar_chart
+from .views import (
+    LATENESS_BUCKETS,
+    filter_from,
+    filter_query,
+    format_age,
+    format_time,
+    histogram_bars,
+    message_view,
+    pretty_json,
+)
+
+T = TypeVar("T")
+
+PAGE_SIZE = 50
+PAGE_SCAN = 200_000
+"""Index entries one page of a filtered list may examine per shard; past it, the page says so and offers
+to go on. Keeps every request short on a million messages whatever the filter."""
+
+ACTIONS = {
+    "cancel": ("Cancel", "due"),
+    "run_now": ("Run now", "due"),
+    "requeue": ("Requeue", "dead"),
+    "purge": ("Purge", "dead"),
+}
+"""Bulk and single actions: their button label and the state they apply to."""
+
+
+def create_app(store: DelayStore, *, read_only: bool = False, title: str = "delay_broker") -> Starlette:
+    """The dashboard for one store. Mount it in your ASGI app (FastAPI, Starlette) under any path, or serve
+    it with ``delay-broker web``; :func:`delay_broker.web.wsgi_app` wraps it for Django or Flask."""
+    directory = resources.files("delay_broker.web")
+    environment = Environment(
+        loader=FileSystemLoader(str(directory.joinpath("templates"))),
+        autoescape=select_autoescape(default=True, default_for_string=True),
+    )
+    environment.filters.update(time=format_time, age=format_age, pretty=pretty_json)
+    dashboard = _Dashboard(store, read_only, title, environment)
+    routes = [
+        Route("/", dashboard.overview, name="overview"),
+        Route("/messages", dashboard.messages, name="messages"),
+        Route("/message", dashboard.message, name="message"),
+        Route("/schedules", dashboard.schedules, name="schedules"),
+        Route("/actions", dashboard.act, methods=["POST"], name="actions"),
+        Route("/schedules/actions", dashboard.act_on_schedule, methods=["POST"], name="schedule_actions"),
+        Mount("/static", app=StaticFiles(directory=str(directory.joinpath("static"))), name="static"),
+    ]
+    return Starlette(routes=routes)
+
+
+@dataclasses.dataclass
+class _Dashboard:
+    store: DelayStore
+    read_only: bool
+    title: str
+    environment: Environment
+
+    @property
+    def ops(self) -> Operations:
+        return Operations(self.store)
+
+    async def call(self, function: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        # The store's client blocks: keep it off the event loop.
+        return await run_in_threadpool(partial(function, *args, **kwargs))
+
+    def render(self, request: Request, template: str, status: int = 200, **context: Any) -> Response:
+        base = request.scope.get("root_path", "")
+        page = self.environment.get_template(template).render(
+            base=base,
+            title=self.title,
+            namespace=self.store.keys.namespace,
+            read_only=self.read_only,
+            csrf_field=csrf.FIELD,
+            csrf_token=csrf.token(request),
+            **context,
+        )
+        response = HTMLResponse(page, status_code=status)
+        response.headers["Content-Security-Policy"] = (
+            "default-src 'none'; style-src 'self'; img-src 'self' data:; form-action 'self'; frame-ancestors 'none'"
+        )
+        response.headers["X-Content-Type-Options"] = "nosniff"
+        return csrf.remember(request, response)
+
+    # -- pages ---------------------------------------------------------------------------------------------------
+
+    async def overview(self, request: Request) -> Response:
+        stats = await self.call(self.store.stats)
+        now = stats.now_ms
+        lateness = []
+        for label, low_s, high_s in LATENESS_BUCKETS:
+            start = None if high_s is None else now - high_s * 1000
+            end = now - low_s * 1000
+            lateness.append((label, await self.call(self.store.count_due, start, end)))
+        return self.render(
+            request,
+            "overview.html",
+            stats=stats,
+            due_chart=bar_chart(histogram_bars(stats), danger="overdue"),
+            lateness_chart=bar_chart(lateness),
+        )
+
+    async def messages(self, request: Request) -> Response:
+        try:
+            filter = filter_from(request.query_params, await self.call(self.store.now_ms))
+            page = await self.call(
+                self.ops.find,
+                filter,
+                cursor=request.query_params.get("cursor") or None,
+                limit=PAGE_SIZE,
+                max_scan=PAGE_SCAN,
+            )
+        except ValueError as error:
+            return self.render(request, "error.html", status=400, message=str(error))
+        return self.render(
+            request,
+            "messages.html",
+            filter=filter,
+            query=filter_query(filter),
+            params=request.query_params,
+            messages=[message_view(info) for info in page.messages],
+            cursor=page.cursor,
+            examined=page.examined,
+            actions=[(name, label) for name, (label, state) in ACTIONS.items() if state == filter.state],
+        )
+
+    async def message(self, request: Request) -> Response:
+        id = request.query_params.get("id", "")
+        info: MessageInfo | None = await self.call(self.store.get, id) if id else None
+        if info is None:
+            return self.render(request, "error.html", status=404, message=f"No message {id!r} in this namespace.")
+        envelope = info.envelope
+        decoded = None if envelope is None else decode_payload(envelope.framework, envelope.payload)
+        actions = [(name, label) for name, (label, state) in ACTIONS.items() if state == info.state]
+        return self.render(
+            request, "message.html", message=message_view(info), decoded=decoded, envelope=envelope, actions=actions
+        )
+
+    async def schedules(self, request: Request) -> Response:
+        rows = await self.call(schedule_rows, self.store)
+        return self.render(request, "schedules.html", schedules=rows)
+
+    # -- writes --------------------------------------------------------------------------------------------------
+
+    async def _form(self, request: Request) -> dict[str, str] | Response:
+        if self.read_only:
+            return self.render(request, "error.html", status=403, message="This dashboard is read-only.")
+        form = await request.form()
+        fields = {key: value for key, value in form.items() if isinstance(value, str)}
+        if not csrf.valid(request, fields.get(csrf.FIELD)):
+            return self.render(
+                request, "error.html", status=403, message="Missing or wrong CSRF token: reload the page."
+            )
+        return fields
+
+    async def act(self, request: Request) -> Response:
+        fields = await self._form(request)
+        if isinstance(fields, Response):
+            return fields
+        action = fields.get("action", "")
+        if action not in ACTIONS:
+            return self.render(request, "error.html", status=400, message=f"Unknown action {action!r}.")
+        label, state = ACTIONS[action]
+        ids = [id for id in fields.get("ids", "").split("\n") if id.strip()]
+        try:
+            filter = None if ids else filter_from(fields, await self.call(self.store.now_ms))
+        except ValueError as error:
+            return self.render(request, "error.html", status=400, message=str(error))
+        if filter is not None and filter.state != state:
+            return self.render(request, "error.html", status=400, message=f"{label} applies to {state} messages.")
+        if fields.get("confirmed") != "yes":
+            count = len(ids) if ids else (await self.call(self.ops.count, filter)).matched
+            return self.render(
+                request, "confirm.html", action=action, label=label, count=count, ids=ids, fields=fields, filter=filter
+            )
+        try:
+            result = await self.call(self._apply, action, ids or None, filter)
+        except DelayBrokerError as error:
+            return self.render(request, "error.html", status=409, message=str(error))
+        back = f"{request.scope.get('root_path', '')}/messages?{filter_query(filter)}" if filter else None
+        return self.render(request, "result.html", result=result, label=label, back=back)
+
+    def _apply(self, action: str, ids: list[str] | None, filter: MessageFilter | None) -> BulkResult:
+        ops = self.ops
+        if action == "cancel":
+            return ops.cancel(ids, filter)
+        if action == "run_now":
+            return ops.run_now(ids, filter)
+        if action == "requeue":
+            return ops.requeue(ids, filter)
+        return ops.purge(ids, filter)
+
+    async def act_on_schedule(self, request: Request) -> Response:
+        fields = await self._form(request)
+        if isinstance(fields, Response):
+            return fields
+        name, action = fields.get("name", ""), fields.get("action", "")
+        schedules = RuntimeSchedules(self.store)
+        methods = {"pause": schedules.pause, "resume": schedules.resume, "run_now": schedules.run_now}
+        if action not in methods:
+            return self.render(request, "error.html", status=400, message=f"Unknown action {action!r}.")
+        try:
+            await self.call(methods[action], name)
+        except DelayBrokerError as error:
+            return self.render(request, "error.html", status=409, message=str(error))
+        return RedirectResponse(f"{request.scope.get('root_path', '')}/schedules", status_code=303)
+
+
+__all__ = ["create_app"]

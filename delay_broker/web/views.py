@@ -1,0 +1,113 @@
+"""What the dashboard's templates show: filters read from query strings and forms, messages as rows."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+from urllib.parse import urlencode
+
+from ..cli.format import parse_when
+from ..clock import ms_to_datetime
+from ..operations import MessageFilter
+from ..store import ListState, MessageInfo, StoreStats
+
+FILTER_FIELDS = ("state", "queue", "task", "id_prefix", "text", "from", "to")
+
+HISTOGRAM = (
+    ("overdue", "overdue"),
+    ("< 1 min", "next_minute"),
+    ("< 1 h", "next_hour"),
+    ("< 1 day", "next_day"),
+    ("later", "later"),
+)
+"""The store's due-time histogram buckets, as the overview chart labels them."""
+
+LATENESS_BUCKETS = (
+    ("< 1 s", 0, 1),
+    ("1-10 s", 1, 10),
+    ("10 s-1 min", 10, 60),
+    ("1-10 min", 60, 600),
+    ("> 10 min", 600, None),
+)
+"""How late overdue messages are now: label, from (s), to (s, None: unbounded)."""
+
+
+def format_time(ms: int | None) -> str:
+    if ms is None:
+        return "-"
+    return ms_to_datetime(ms).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + "Z"
+
+
+def format_age(ms: int | None) -> str:
+    if not ms:
+        return "0 s"
+    seconds = ms / 1000
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.1f} {unit}"
+    return f"{seconds:.1f} s"
+
+
+def pretty_json(value: Any) -> str:
+    """JSON for a <pre> block, as the data says it (the template escapes it; no \\u003c as ``tojson`` writes)."""
+    return json.dumps(value, indent=2, ensure_ascii=False, default=str)
+
+
+def histogram_bars(stats: StoreStats) -> list[tuple[str, int]]:
+    return list(zip((label for label, _ in HISTOGRAM), stats.histogram, strict=False))
+
+
+def filter_from(params: Mapping[str, Any], now_ms: int) -> MessageFilter:
+    """A filter from a query string or form (the names of :data:`FILTER_FIELDS`); ValueError when malformed.
+    Times are ISO 8601 (UTC unless they say otherwise), ``now``, or relative to now (``-1h``, ``30m``)."""
+    state: ListState = params.get("state") or "due"
+    if state not in ("due", "inflight", "dead"):
+        raise ValueError(f"unknown state {state!r}")
+
+    def text(name: str) -> str | None:
+        value = params.get(name)
+        return (value.strip() or None) if isinstance(value, str) else None
+
+    def when(name: str) -> int | None:
+        value = text(name)
+        if value is None:
+            return None
+        try:
+            return parse_when(value, now_ms)
+        except ValueError as error:
+            raise ValueError(f"{name}: {error}") from None
+
+    return MessageFilter(state, when("from"), when("to"), text("queue"), text("task"), text("id_prefix"), text("text"))
+
+
+def filter_query(filter: MessageFilter | None) -> str:
+    """The query string of a filter (times as epoch ms, which :func:`filter_from` reads back as ISO too)."""
+    if filter is None:
+        return ""
+    fields = {
+        "state": filter.state,
+        "queue": filter.queue,
+        "task": filter.task,
+        "id_prefix": filter.id_prefix,
+        "text": filter.text,
+        "from": None if filter.start_ms is None else ms_to_datetime(filter.start_ms).isoformat(),
+        "to": None if filter.end_ms is None else ms_to_datetime(filter.end_ms).isoformat(),
+    }
+    return urlencode({key: value for key, value in fields.items() if value})
+
+
+def message_view(info: MessageInfo) -> dict[str, Any]:
+    """A message as a list row or a detail page shows it (every string is escaped by the templates)."""
+    envelope = info.envelope
+    return {
+        "id": info.id,
+        "state": info.state,
+        "due_ms": info.due_ms,
+        "at_ms": info.at_ms,
+        "attempts": info.attempts,
+        "error": info.error,
+        "framework": envelope.framework if envelope else "(corrupt envelope)",
+        "queue": envelope.route if envelope else None,
+        "name": envelope.name if envelope else None,
+    }

@@ -1,0 +1,201 @@
+"""The dashboard in a real headless Chromium (Debian's, driven by Playwright) against a real redis-server holding
+messages parked by real Dramatiq and Celery producers: the numbers, filters, a bulk cancel, read-only mode,
+CSRF, and stored data shown as text."""
+
+from __future__ import annotations
+
+import shutil
+import threading
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import dramatiq
+import pytest
+from celery import Celery
+from dramatiq.brokers.stub import StubBroker
+from playwright.sync_api import Browser, Page, sync_playwright
+
+from delay_broker import DelayStore
+from delay_broker.celery import install
+from delay_broker.dramatiq import DelayMiddleware
+from delay_broker.embedded import EmbeddedRedis, free_port
+from delay_broker.web import create_app
+
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+# Debian's Chromium on a machine with no outside network: no background connections, no sandbox as root.
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+
+
+@dataclass
+class Served:
+    url: str
+    store: DelayStore
+
+
+def serve(app: Any) -> tuple[str, Any, threading.Thread]:
+    import uvicorn
+
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 20
+    while not server.started:
+        assert time.monotonic() < deadline, "the dashboard did not start"
+        time.sleep(0.05)
+    return f"http://127.0.0.1:{port}", server, thread
+
+
+@pytest.fixture(scope="module")
+def namespace() -> str:
+    return f"web-{uuid.uuid4().hex[:8]}"
+
+
+@pytest.fixture(scope="module")
+def populated(redis_server: EmbeddedRedis, namespace: str) -> Iterator[DelayStore]:
+    """12 Dramatiq messages (8 send_welcome to 'emails', 4 build_report to 'reports'), one of them carrying a
+    <script> argument, and 6 Celery tasks (tasks.bill), all parked by the frameworks themselves."""
+    broker = StubBroker()
+    broker.add_middleware(DelayMiddleware(client=redis_server.client(), namespace=namespace, threshold=1))
+    welcome = dramatiq.actor(lambda user: None, broker=broker, actor_name="send_welcome", queue_name="emails")
+    report = dramatiq.actor(lambda day: None, broker=broker, actor_name="build_report", queue_name="reports")
+    for n in range(8):
+        welcome.send_with_options(args=(f"user-{n}",), delay=3_600_000 + n)
+    for n in range(4):
+        report.send_with_options(args=(f"day-{n}",), delay=7_200_000 + n)
+    welcome.send_with_options(args=("<script>alert('owned')</script>",), delay=3_600_000)
+    app = Celery(f"web{namespace}", broker=redis_server.url, set_as_current=False)
+    app.conf.broker_transport_options = {"global_keyprefix": f"{namespace}:"}
+    install(app, threshold=1.0, namespace=namespace)
+    for n in range(6):
+        app.send_task("tasks.bill", args=[f"customer-{n}", n], countdown=5400 + n)
+    app.close()
+    broker.close()
+    yield DelayStore(redis_server.client(), namespace=namespace)
+
+
+@pytest.fixture(scope="module")
+def dashboards(populated: DelayStore) -> Iterator[tuple[Served, Served]]:
+    url, server, thread = serve(create_app(populated))
+    ro_url, ro_server, ro_thread = serve(create_app(populated, read_only=True))
+    try:
+        yield Served(url, populated), Served(ro_url, populated)
+    finally:
+        server.should_exit = ro_server.should_exit = True
+        thread.join(10)
+        ro_thread.join(10)
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    with sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        try:
+            yield chromium
+        finally:
+            chromium.close()
+
+
+@pytest.fixture
+def page(browser: Browser) -> Iterator[Page]:
+    context = browser.new_context()
+    page = context.new_page()
+    dialogs: list[str] = []
+    page.on("dialog", lambda dialog: (dialogs.append(dialog.message), dialog.dismiss()))
+    page.dialogs = dialogs  # type: ignore[attr-defined]
+    yield page
+    context.close()
+
+
+def number(page: Page, selector: str) -> int:
+    return int(page.locator(selector).inner_text().replace(",", ""))
+
+
+def listed_ids(page: Page) -> list[str]:
+    return [row.get_attribute("data-id") or "" for row in page.locator("tr.message-row").all()]
+
+
+def test_the_overview_shows_what_the_store_holds(dashboards, page: Page) -> None:
+    served, _ = dashboards
+    page.goto(served.url + "/")
+    stats = served.store.stats()
+    assert number(page, "#parked") == stats.parked == 19
+    assert number(page, "#inflight") == stats.inflight
+    assert number(page, "#dead") == stats.dead
+    assert number(page, "#overdue") == stats.overdue
+    assert number(page, "#live-promoters") == stats.live_promoters
+    assert page.locator("svg.chart").count() == 2, "due-time and lateness charts, inline"
+
+
+def test_a_filter_finds_exactly_the_matching_messages(dashboards, page: Page) -> None:
+    served, _ = dashboards
+    page.goto(served.url + "/messages?state=due")
+    page.fill("input[name=task]", "send_welcome")
+    page.click("#apply-filter")
+    found = listed_ids(page)
+    expected = [
+        info.id for info in served.store.iter_all("due") if info.envelope and info.envelope.name == "send_welcome"
+    ]
+    assert sorted(found) == sorted(expected) and len(found) == 9
+    page.goto(served.url + "/messages?state=due&text=customer-3")
+    (only,) = listed_ids(page)
+    assert served.store.get(only).envelope.framework == "celery"  # type: ignore[union-attr]
+
+
+def test_a_payload_with_a_script_is_shown_as_text(dashboards, page: Page) -> None:
+    served, _ = dashboards
+    target = next(info.id for info in served.store.iter_all("due") if info.raw and b"owned" in info.raw)
+    page.goto(served.url + "/message?id=" + urllib.parse.quote(target))
+    assert "<script>alert('owned')</script>" in page.locator("#payload").inner_text()
+    assert page.locator("#payload script").count() == 0
+    page.wait_for_timeout(300)
+    assert page.dialogs == [], "nothing stored ran"  # type: ignore[attr-defined]
+
+
+def test_a_bulk_cancel_shows_its_count_and_removes_exactly_those(dashboards, page: Page) -> None:
+    served, _ = dashboards
+    before = {info.id: info.envelope.name for info in served.store.iter_all("due") if info.envelope}
+    reports = {id for id, name in before.items() if name == "build_report"}
+    page.goto(served.url + "/messages?state=due&task=build_report")
+    page.click("#bulk-cancel")
+    assert "4" in page.locator("#confirm-count").inner_text()
+    page.click("#confirm")
+    assert "4 of 4" in page.locator("#result").inner_text()
+    after = {info.id for info in served.store.iter_all("due")}
+    assert after == set(before) - reports, "exactly the matching messages are gone"
+
+
+def test_read_only_mode_offers_and_accepts_no_write(dashboards, page: Page) -> None:
+    _, read_only = dashboards
+    page.goto(read_only.url + "/messages?state=due")
+    assert page.locator("#read-only").is_visible()
+    assert page.locator("#bulk-cancel").count() == 0
+    parked = read_only.store.stats().parked
+    form = urllib.parse.urlencode({"action": "cancel", "state": "due", "confirmed": "yes"}).encode()
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(urllib.request.Request(read_only.url + "/actions", data=form), timeout=10)
+    assert refused.value.code == 403 and read_only.store.stats().parked == parked
+
+
+def test_a_write_without_the_csrf_token_is_refused(dashboards) -> None:
+    served, _ = dashboards
+    parked = served.store.stats().parked
+    form = urllib.parse.urlencode({"action": "cancel", "state": "due", "confirmed": "yes", "csrf_token": "x"}).encode()
+    request = urllib.request.Request(served.url + "/actions", data=form, headers={"Cookie": "delay_broker_csrf=y"})
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(request, timeout=10)
+    assert refused.value.code == 403 and served.store.stats().parked == parked
