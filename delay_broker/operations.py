@@ -66,10 +66,17 @@ class MessageFilter:
     def matches_text(self, info: MessageInfo) -> bool:
         if not self.text:
             return True
-        envelope = _envelope(info)
-        if envelope is None:
+        if info.raw is None:
             return False
-        return self.text.casefold() in searchable_text(envelope.framework, envelope.payload).casefold()
+        needle = self.text.casefold()
+        # Most matches are in the stored bytes as they are (Dramatiq's JSON): found without decoding anything.
+        if needle.isascii() and needle.encode() in info.raw.lower():
+            return True
+        envelope = _envelope(info)
+        if envelope is None or (envelope.framework != "celery" and needle.isascii()):
+            return False
+        # A Celery body is base64, and JSON may escape non-ASCII text: look in the decoded message.
+        return needle in searchable_text(envelope.framework, envelope.payload).casefold()
 
 
 @dataclass(frozen=True)
@@ -193,8 +200,9 @@ class Operations:
     def _scan(
         self, filter: MessageFilter, shard: int, offset: int, limit: int, *, max_scan: int = MAX_SCAN
     ) -> tuple[list[tuple[int, MessageInfo]], int, bool]:
-        """Matches of one shard from ``offset``: up to ``limit`` of them, examining up to ``max_scan`` entries.
-        Returns the matches with their offsets, the entries examined, and whether the window is exhausted."""
+        """Matches of one shard from ``offset``: at least ``limit`` of them unless the window or ``max_scan``
+        ends first (a text filter may bring a few more). Returns the matches with their offsets, the entries
+        examined, and whether the window is exhausted."""
         found: list[tuple[int, MessageInfo]] = []
         examined = 0
         while len(found) < limit and examined < max_scan:
@@ -205,7 +213,8 @@ class Operations:
                 max_score=_score_bound(filter, "end"),
                 offset=offset + examined,
                 scan=min(SCAN_PER_CALL, max_scan - examined),
-                limit=limit - len(found),
+                # With a text filter most structural matches fail it: take whole chunks, not a page at a time.
+                limit=MAX_BATCH if filter.text else limit - len(found),
                 queue=filter.queue,
                 task=filter.task,
                 id_prefix=filter.id_prefix,

@@ -9,7 +9,7 @@ from .common import open_session, reports_errors, store_options
 
 @click.command(short_help="Serve the operations dashboard (on 127.0.0.1 by default).")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to bind (0.0.0.0: every interface).")
-@click.option("--port", type=click.IntRange(0, 65535), default=8471, show_default=True, help="Port to serve on.")
+@click.option("--port", "-p", type=click.IntRange(0, 65535), default=8471, show_default=True, help="Port to serve on.")
 @click.option("--read-only", is_flag=True, help="Show everything, change nothing (every write is refused).")
 @store_options
 @reports_errors

@@ -7,21 +7,15 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlencode
 
-from ..cli.format import parse_when
+from ..cli.format import histogram_rows, parse_when
 from ..clock import ms_to_datetime
 from ..operations import MessageFilter
 from ..store import ListState, MessageInfo, StoreStats
 
 FILTER_FIELDS = ("state", "queue", "task", "id_prefix", "text", "from", "to")
 
-HISTOGRAM = (
-    ("overdue", "overdue"),
-    ("< 1 min", "next_minute"),
-    ("< 1 h", "next_hour"),
-    ("< 1 day", "next_day"),
-    ("later", "later"),
-)
-"""The store's due-time histogram buckets, as the overview chart labels them."""
+SHORT_LABELS = {"next_minute": "< 1 min", "next_hour": "1 min-1 h", "next_day": "1 h-1 day"}
+"""Chart labels of the due-time buckets (see :func:`delay_broker.cli.format.histogram_rows`)."""
 
 LATENESS_BUCKETS = (
     ("< 1 s", 0, 1),
@@ -55,7 +49,8 @@ def pretty_json(value: Any) -> str:
 
 
 def histogram_bars(stats: StoreStats) -> list[tuple[str, int]]:
-    return list(zip((label for label, _ in HISTOGRAM), stats.histogram, strict=False))
+    """Parked messages per due-time bucket: overdue, within a minute, an hour, a day, later."""
+    return [(SHORT_LABELS.get(key, key), count) for key, _, count in histogram_rows(stats)]
 
 
 def filter_from(params: Mapping[str, Any], now_ms: int) -> MessageFilter:
