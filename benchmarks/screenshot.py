@@ -27,18 +27,10 @@ from delay_broker.celery import install
 from delay_broker.dramatiq import DelayMiddleware
 from delay_broker.embedded import EmbeddedRedis, free_port
 from delay_broker.web import create_app
+from integration.browser import launch
 
 ROOT = Path(__file__).resolve().parents[1]
 NAMESPACE = "shop"
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 
 
 def populate(server: EmbeddedRedis) -> DelayStore:
@@ -81,7 +73,7 @@ def main() -> None:
             time.sleep(0.05)
         try:
             with sync_playwright() as playwright:
-                browser = playwright.chromium.launch(executable_path="/usr/bin/chromium", args=CHROMIUM_ARGS)
+                browser = launch(playwright)
                 page = browser.new_page(viewport={"width": 1280, "height": 820})
                 page.goto(f"http://127.0.0.1:{port}/")
                 page.screenshot(path=str(output), full_page=True)

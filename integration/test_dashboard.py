@@ -4,7 +4,6 @@ CSRF, and stored data shown as text."""
 
 from __future__ import annotations
 
-import shutil
 import threading
 import time
 import urllib.error
@@ -27,17 +26,7 @@ from delay_broker.dramatiq import DelayMiddleware
 from delay_broker.embedded import EmbeddedRedis, free_port
 from delay_broker.web import create_app
 
-CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
-# Debian's Chromium on a machine with no outside network: no background connections, no sandbox as root.
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
+from .browser import launch
 
 
 @dataclass
@@ -103,7 +92,7 @@ def dashboards(populated: DelayStore) -> Iterator[tuple[Served, Served]]:
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Browser]:
     with sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+        chromium = launch(playwright)
         try:
             yield chromium
         finally:

@@ -13,18 +13,17 @@ from ..operations import Operations, reschedule_one
 from ..store import MessageInfo
 from .common import (
     STATE_WORDS,
-    bulk,
+    FilterArgs,
+    act_on_filter,
     confirm,
     confirm_option,
     emit_json,
     filter_options,
     get_message,
-    message_filter,
     open_session,
     report,
     reports_errors,
     store_options,
-    window_options,
 )
 from .format import (
     format_relative,
@@ -48,18 +47,12 @@ def describe(info: MessageInfo) -> str:
 @click.command(short_help="Delete parked messages for good: IDs, or all that match a filter (asks first).")
 @click.argument("ids", nargs=-1, metavar="[ID]...")
 @filter_options
-@window_options
 @confirm_option
 @store_options
 @reports_errors
 def cancel(
     ids: Sequence[str],
-    queue: str | None,
-    task: str | None,
-    id_prefix: str | None,
-    text: str | None,
-    start: str | None,
-    end: str | None,
+    filters: FilterArgs,
     yes: bool,
     redis_url: str | None,
     namespace: str,
@@ -79,12 +72,7 @@ def cancel(
     is given.
     """
     session = open_session(redis_url, namespace, as_json)
-    filtered = any((queue, task, id_prefix, text, start, end))
-    if filtered and ids:
-        raise click.UsageError("give IDs or a filter (--queue, --task, ...), not both")
-    if filtered:
-        filter = message_filter(session, "due", start, end, queue, task, id_prefix, text)
-        bulk(session, filter, yes, "cancel", lambda chosen: Operations(session.store).cancel(filter=chosen))
+    if act_on_filter(session, ids, filters, "due", yes, "cancel", lambda ops, chosen: ops.cancel(filter=chosen)):
         return
     if not ids:
         raise click.UsageError("give the IDs to cancel, or a filter: --queue, --task, --id-prefix, --text, --from/--to")
@@ -115,7 +103,6 @@ def cancel(
 @click.option("--at", "at", metavar="TIME", help="Due at this ISO 8601 time (UTC unless it has an offset).")
 @click.option("--now", "now", is_flag=True, help="Due now: promoted at once.")
 @filter_options
-@window_options
 @confirm_option
 @store_options
 @reports_errors
@@ -124,12 +111,7 @@ def reschedule(
     in_: str | None,
     at: str | None,
     now: bool,
-    queue: str | None,
-    task: str | None,
-    id_prefix: str | None,
-    text: str | None,
-    start: str | None,
-    end: str | None,
+    filters: FilterArgs,
     yes: bool,
     redis_url: str | None,
     namespace: str,
@@ -157,13 +139,16 @@ def reschedule(
             due = ms_to_datetime(session.store.now_ms() + delay_to_ms(0 if now else parse_duration(in_ or "")))
     except ValueError as error:
         raise click.BadParameter(str(error), param_hint="--in/--at") from None
-    filtered = any((queue, task, id_prefix, text, start, end))
-    if filtered and id:
-        raise click.UsageError("give an ID or a filter (--queue, --task, ...), not both")
-    if filtered:
-        filter = message_filter(session, "due", start, end, queue, task, id_prefix, text)
-        verb = "run now" if now else "reschedule"
-        bulk(session, filter, yes, verb, lambda chosen: Operations(session.store).reschedule(filter=chosen, due=due))
+    verb = "run now" if now else "reschedule"
+    if act_on_filter(
+        session,
+        [id] if id else None,
+        filters,
+        "due",
+        yes,
+        verb,
+        lambda ops, chosen: ops.reschedule(filter=chosen, due=due),
+    ):
         return
     if not id:
         raise click.UsageError("give the ID to move, or a filter: --queue, --task, --id-prefix, --text, --from/--to")

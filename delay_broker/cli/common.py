@@ -3,10 +3,11 @@ error reporting and safe table cells."""
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar, cast
 
@@ -159,51 +160,73 @@ def get_message(session: Session, id: str) -> MessageInfo:
 # -- filters (the operations layer's MessageFilter) ----------------------------------------------------------------
 
 
-def filter_options(func: F) -> F:
-    """``--queue``, ``--task``, ``--id-prefix`` and ``--text``: which messages a listing or bulk action covers."""
-    func = click.option("--text", metavar="TEXT", help="Only messages whose decoded payload contains TEXT.")(func)
-    func = click.option("--id-prefix", metavar="PREFIX", help="Only messages whose id starts with PREFIX.")(func)
-    func = click.option("--task", metavar="NAME", help="Only messages of this actor (Dramatiq) or task (Celery).")(func)
-    func = click.option("--queue", metavar="QUEUE", help="Only messages for this queue (their route).")(func)
-    return func
+@dataclass(frozen=True)
+class FilterArgs:
+    """What ``--queue``, ``--task``, ``--id-prefix``, ``--text``, ``--from`` and ``--to`` said."""
+
+    queue: str | None = None
+    task: str | None = None
+    id_prefix: str | None = None
+    text: str | None = None
+    start: str | None = None
+    end: str | None = None
+
+    @property
+    def given(self) -> bool:
+        return any(dataclasses.astuple(self))
+
+    @property
+    def windowed(self) -> bool:
+        return self.start is not None or self.end is not None
+
+    def to_filter(self, session: Session, state: ListState) -> MessageFilter:
+        """The operations layer's filter (times read by the Redis clock); a usage error when malformed."""
+        now = session.store.now_ms()
+        try:
+            start_ms = None if self.start is None else parse_when(self.start, now)
+            end_ms = None if self.end is None else parse_when(self.end, now)
+        except ValueError as error:
+            raise click.BadParameter(str(error), param_hint="--from/--to") from None
+        if start_ms is not None and end_ms is not None and start_ms > end_ms:
+            raise click.BadParameter("--from is after --to", param_hint="--from/--to")
+        return MessageFilter(
+            state, start_ms, end_ms, self.queue or None, self.task or None, self.id_prefix or None, self.text or None
+        )
 
 
-def window_options(func: F) -> F:
-    """``--from``/``--to``: a window on the time a state is ordered by (due time, lease deadline, death)."""
-    func = click.option(
-        "--to",
-        "end",
-        metavar="WHEN",
-        help="Latest time: ISO 8601 (UTC unless it has an offset), 'now', or relative: 30m, -1h, 2d.",
-    )(func)
-    func = click.option(
+_FILTER_OPTIONS = (
+    click.option("--queue", metavar="QUEUE", help="Only messages for this queue (their route)."),
+    click.option("--task", metavar="NAME", help="Only messages of this actor (Dramatiq) or task (Celery)."),
+    click.option("--id-prefix", metavar="PREFIX", help="Only messages whose id starts with PREFIX."),
+    click.option("--text", metavar="TEXT", help="Only messages whose decoded payload contains TEXT."),
+    click.option(
         "--from",
         "start",
         metavar="WHEN",
         help="Earliest time: ISO 8601 (UTC unless it has an offset), 'now', or relative: 5m, -2h, 3d.",
-    )(func)
-    return func
+    ),
+    click.option(
+        "--to",
+        "end",
+        metavar="WHEN",
+        help="Latest time: ISO 8601 (UTC unless it has an offset), 'now', or relative: 30m, -1h, 2d.",
+    ),
+)
 
 
-def message_filter(
-    session: Session,
-    state: ListState,
-    start: str | None = None,
-    end: str | None = None,
-    queue: str | None = None,
-    task: str | None = None,
-    id_prefix: str | None = None,
-    text: str | None = None,
-) -> MessageFilter:
-    now = session.store.now_ms()
-    try:
-        start_ms = None if start is None else parse_when(start, now)
-        end_ms = None if end is None else parse_when(end, now)
-    except ValueError as error:
-        raise click.BadParameter(str(error), param_hint="--from/--to") from None
-    if start_ms is not None and end_ms is not None and start_ms > end_ms:
-        raise click.BadParameter("--from is after --to", param_hint="--from/--to")
-    return MessageFilter(state, start_ms, end_ms, queue or None, task or None, id_prefix or None, text or None)
+def filter_options(func: F) -> F:
+    """The filter options, handed to the command as one ``filters: FilterArgs`` argument. ``--from``/``--to``
+    bound the time a state is ordered by (due time, lease deadline, time of death)."""
+    names = [field.name for field in dataclasses.fields(FilterArgs)]
+
+    @functools.wraps(func)
+    def command(*args: Any, **kwargs: Any) -> Any:
+        kwargs["filters"] = FilterArgs(**{name: kwargs.pop(name) for name in names})
+        return func(*args, **kwargs)
+
+    for option in reversed(_FILTER_OPTIONS):
+        command = option(command)
+    return cast(F, command)
 
 
 def describe_filter(filter: MessageFilter) -> str:
@@ -225,14 +248,22 @@ def describe_filter(filter: MessageFilter) -> str:
     return ", ".join(parts) or "everything"
 
 
-def bulk(
+def act_on_filter(
     session: Session,
-    filter: MessageFilter,
+    ids: Sequence[str] | None,
+    filters: FilterArgs,
+    state: ListState,
     yes: bool,
     verb: str,
-    act: Callable[[MessageFilter], BulkResult],
-) -> None:
-    """Count what a filter selects, ask (``verb`` N messages ...?), act in batches, report what was done."""
+    act: Callable[[Operations, MessageFilter], BulkResult],
+) -> bool:
+    """When a filter was given (never with IDs): count what it selects, ask (``verb`` N messages ...?), act in
+    batches, report what was done, and return True. False when no filter was given."""
+    if not filters.given:
+        return False
+    if ids:
+        raise click.UsageError("give IDs or a filter (--queue, --task, ...), not both")
+    filter = filters.to_filter(session, state)
     count = Operations(session.store).count(filter)
     matched = f"{count.matched:,}{'' if count.complete else '+'}"
     what = f"{matched} {STATE_WORDS[filter.state]} message(s) matching {describe_filter(filter)}"
@@ -242,10 +273,11 @@ def bulk(
             {"action": verb, "matched": 0, "done": 0, "skipped": []},
             f"No {STATE_WORDS[filter.state]} message matches {describe_filter(filter)}.",
         )
-        return
+        return True
     confirm(f"{verb} {what}", f"{verb.capitalize()} {what}?", yes)
-    result = act(filter)
+    result = act(Operations(session.store), filter)
     text = f"{verb.capitalize()}: {result.done:,} of {result.matched:,} matching message(s)."
     if result.matched - result.done:
         text += f" {result.matched - result.done:,} were no longer there (promoted or changed meanwhile)."
     report(session, {"action": verb, "matched": result.matched, "done": result.done, "skipped": result.skipped}, text)
+    return True

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import Any, TypeVar, cast
 
 import click
 from rich.table import Table
@@ -107,28 +108,47 @@ def _every(text: str | None) -> float | None:
         raise click.BadParameter(str(error), param_hint="--every") from None
 
 
-def timing_options(func: F) -> F:
-    for decorator in reversed(
-        (
-            click.option(
-                "--cron", "cron_expr", metavar="EXPR", help='Cron expression, e.g. "0 9 * * 1-5" (6th field: seconds).'
-            ),
-            click.option("--every", metavar="DURATION", help="Interval instead of cron: 30s, 15m, 1h, 1d ..."),
-            click.option("--timezone", metavar="ZONE", help="IANA time zone of the cron expression (default UTC)."),
-            click.option(
-                "--start", metavar="ISO-TIME", help="No occurrence before (UTC unless given); 'none' clears it."
-            ),
-            click.option("--end", metavar="ISO-TIME", help="No occurrence after (UTC unless given); 'none' clears it."),
-            click.option("--task", metavar="NAME", help="Celery task name or Dramatiq actor name to send."),
-            click.option("--args", "args_json", metavar="JSON", help="Positional arguments, a JSON list."),
-            click.option("--kwargs", "kwargs_json", metavar="JSON", help="Keyword arguments, a JSON object."),
-            click.option(
-                "--options", "options_json", metavar="JSON", help="Message options, a JSON object (queue ...)."
-            ),
-        )
-    ):
-        func = decorator(func)
-    return func
+_SCHEDULE_OPTIONS = (
+    click.option("--cron", metavar="EXPR", help='Cron expression, e.g. "0 9 * * 1-5" (6th field: seconds).'),
+    click.option("--every", metavar="DURATION", help="Interval instead of cron: 30s, 15m, 1h, 1d ..."),
+    click.option("--timezone", metavar="ZONE", help="IANA time zone of the cron expression (default UTC)."),
+    click.option("--start", metavar="ISO-TIME", help="No occurrence before (UTC unless given); 'none' clears it."),
+    click.option("--end", metavar="ISO-TIME", help="No occurrence after (UTC unless given); 'none' clears it."),
+    click.option("--task", metavar="NAME", help="Celery task name or Dramatiq actor name to send."),
+    click.option("--args", metavar="JSON", help="Positional arguments, a JSON list."),
+    click.option("--kwargs", metavar="JSON", help="Keyword arguments, a JSON object."),
+    click.option("--options", metavar="JSON", help="Message options, a JSON object (queue ...)."),
+)
+
+
+def schedule_options(func: F) -> F:
+    """The timing and message options of ``cron add``/``cron change``, handed to the command as one
+    ``given: dict`` of what was given, parsed (the keyword arguments of RuntimeSchedules.add/change)."""
+
+    @functools.wraps(func)
+    def command(*args: Any, **kwargs: Any) -> Any:
+        given: dict[str, Any] = {}
+        for name in ("cron", "timezone", "task"):
+            if kwargs[name] is not None:
+                given[name] = kwargs[name]
+        if kwargs["every"] is not None:
+            given["every"] = _every(kwargs["every"])
+        for name in ("start", "end"):
+            if kwargs[name] is not None:
+                given[name] = None if kwargs[name].lower() == "none" else _instant(f"--{name}", kwargs[name])
+        for name in ("args", "kwargs", "options"):
+            if kwargs[name] is not None:
+                given[name] = _json_option(f"--{name}")(kwargs[name])
+        for option in _SCHEDULE_OPTION_NAMES:
+            del kwargs[option]
+        return func(*args, given=given, **kwargs)
+
+    for option in reversed(_SCHEDULE_OPTIONS):
+        command = option(command)
+    return cast(F, command)
+
+
+_SCHEDULE_OPTION_NAMES = ("cron", "every", "timezone", "start", "end", "task", "args", "kwargs", "options")
 
 
 def print_definition(session: Session, verb: str, definition: ScheduleDefinition) -> None:
@@ -143,89 +163,37 @@ def print_definition(session: Session, verb: str, definition: ScheduleDefinition
 
 @cron.command("add", short_help="Store a new recurring schedule (runs in every promoter of the namespace).")
 @click.argument("name")
-@timing_options
+@schedule_options
 @click.option("--paused", is_flag=True, help="Store it paused (resume it later).")
 @store_options
 @reports_errors
 def cron_add(
-    name: str,
-    cron_expr: str | None,
-    every: str | None,
-    timezone: str | None,
-    start: str | None,
-    end: str | None,
-    task: str | None,
-    args_json: str | None,
-    kwargs_json: str | None,
-    options_json: str | None,
-    paused: bool,
-    redis_url: str | None,
-    namespace: str,
-    as_json: bool,
+    name: str, given: dict[str, Any], paused: bool, redis_url: str | None, namespace: str, as_json: bool
 ) -> None:
     """Store schedule NAME: send --task with --args/--kwargs at every occurrence of --cron or --every. Promoters
     pick it up within seconds; an unknown task or actor is reported in the promoters' logs at each occurrence."""
-    if task is None:
+    if "task" not in given:
         raise click.UsageError("give --task: the Celery task name or Dramatiq actor name to send")
     session = open_session(redis_url, namespace, as_json)
-    definition = RuntimeSchedules(session.store).add(
-        name,
-        task,
-        cron=cron_expr,
-        every=_every(every),
-        args=_json_option("--args")(args_json) or [],
-        kwargs=_json_option("--kwargs")(kwargs_json),
-        options=_json_option("--options")(options_json),
-        timezone=timezone or "UTC",
-        start=_instant("--start", start),
-        end=_instant("--end", end),
-        paused=paused,
-    )
+    task = given.pop("task")
+    given["args"] = given.get("args") or []
+    definition = RuntimeSchedules(session.store).add(name, task, paused=paused, **given)
     print_definition(session, "added", definition)
 
 
 @cron.command("change", short_help="Change a schedule's timing or message (also one declared in code).")
 @click.argument("name")
-@timing_options
+@schedule_options
 @store_options
 @reports_errors
-def cron_change(
-    name: str,
-    cron_expr: str | None,
-    every: str | None,
-    timezone: str | None,
-    start: str | None,
-    end: str | None,
-    task: str | None,
-    args_json: str | None,
-    kwargs_json: str | None,
-    options_json: str | None,
-    redis_url: str | None,
-    namespace: str,
-    as_json: bool,
-) -> None:
+def cron_change(name: str, given: dict[str, Any], redis_url: str | None, namespace: str, as_json: bool) -> None:
     """Change what is given and keep the rest. Its parked occurrence under the old definition is cancelled
     and the first one after now under the new one is parked. On a schedule declared in code, a new timing
     overrides the code's until 'cron remove NAME'."""
-    changes: dict[str, Any] = {}
-    if cron_expr is not None:
-        changes["cron"] = cron_expr
-    if every is not None:
-        changes["every"] = _every(every)
-    if timezone is not None:
-        changes["timezone"] = timezone
-    for label, text in (("start", start), ("end", end)):
-        if text is not None:
-            changes[label] = None if text.lower() == "none" else _instant(f"--{label}", text)
-    if task is not None:
-        changes["task"] = task
-    for label, text in (("args", args_json), ("kwargs", kwargs_json), ("options", options_json)):
-        if text is not None:
-            changes[label] = _json_option(f"--{label}")(text)
-    if not changes:
+    if not given:
         raise click.UsageError("nothing to change: give --cron, --every, --task, --args ...")
     session = open_session(redis_url, namespace, as_json)
-    print_definition(session, "changed", RuntimeSchedules(session.store).change(name, **changes))
+    print_definition(session, "changed", RuntimeSchedules(session.store).change(name, **given))
 
 
 def _simple(verb: str, action: str, help_text: str) -> None:

@@ -7,21 +7,19 @@ from collections.abc import Sequence
 
 import click
 
-from ..operations import Operations
 from .actions import describe
 from .common import (
+    FilterArgs,
     OrderedGroup,
-    bulk,
+    act_on_filter,
     confirm,
     confirm_option,
     emit_json,
     filter_options,
     get_message,
-    message_filter,
     open_session,
     reports_errors,
     store_options,
-    window_options,
 )
 from .format import printable
 from .inspect import list_page, page_options, show_message
@@ -44,21 +42,23 @@ def dead() -> None:
 
 @dead.command("ls", short_help="List dead-lettered messages with their last error.")
 @page_options
+@filter_options
 @store_options
 @reports_errors
 def dead_ls(
-    start: str | None,
-    end: str | None,
     offset: int,
     limit: int,
+    cursor: str | None,
+    filters: FilterArgs,
     redis_url: str | None,
     namespace: str,
     as_json: bool,
 ) -> None:
     """List dead-lettered messages, oldest first, with the error that dead-lettered each. --from/--to filter on
-    when they were dead-lettered (e.g. --from -1h: the last hour)."""
+    when they were dead-lettered (e.g. --from -1h: the last hour); --queue, --task, --id-prefix and --text as
+    for ls."""
     session = open_session(redis_url, namespace, as_json)
-    list_page(session, "dead", start, end, offset, limit)
+    list_page(session, "dead", filters, offset, limit, cursor)
 
 
 @dead.command("show", short_help="Show one dead-lettered message, decoded.")
@@ -78,19 +78,13 @@ def dead_show(id: str, redis_url: str | None, namespace: str, as_json: bool) -> 
 @click.argument("ids", nargs=-1, metavar="[ID]...")
 @click.option("--all", "all_", is_flag=True, help="Requeue every dead-lettered message (asks first).")
 @filter_options
-@window_options
 @confirm_option
 @store_options
 @reports_errors
 def dead_requeue(
     ids: Sequence[str],
     all_: bool,
-    queue: str | None,
-    task: str | None,
-    id_prefix: str | None,
-    text: str | None,
-    start: str | None,
-    end: str | None,
+    filters: FilterArgs,
     yes: bool,
     redis_url: str | None,
     namespace: str,
@@ -102,13 +96,10 @@ def dead_requeue(
 
     Fix what killed them first (see: delay-broker dead ls), or they die again.
     """
-    filtered = any((queue, task, id_prefix, text, start, end))
-    if sum((bool(ids), all_, filtered)) != 1:
+    if sum((bool(ids), all_, filters.given)) != 1:
         raise click.UsageError("give the IDs of dead-lettered messages, --all, or a filter (--queue, --task, ...)")
     session = open_session(redis_url, namespace, as_json)
-    if filtered:
-        filter = message_filter(session, "dead", start, end, queue, task, id_prefix, text)
-        bulk(session, filter, yes, "requeue", lambda chosen: Operations(session.store).requeue(filter=chosen))
+    if act_on_filter(session, ids, filters, "dead", yes, "requeue", lambda ops, chosen: ops.requeue(filter=chosen)):
         return
     missing: list[str] = []
     if all_:
@@ -138,18 +129,12 @@ def dead_requeue(
 @dead.command("purge", short_help="Delete dead-lettered messages for good (IDs, a filter, or all; asks first).")
 @click.argument("ids", nargs=-1, metavar="[ID]...")
 @filter_options
-@window_options
 @confirm_option
 @store_options
 @reports_errors
 def dead_purge(
     ids: Sequence[str],
-    queue: str | None,
-    task: str | None,
-    id_prefix: str | None,
-    text: str | None,
-    start: str | None,
-    end: str | None,
+    filters: FilterArgs,
     yes: bool,
     redis_url: str | None,
     namespace: str,
@@ -161,12 +146,7 @@ def dead_purge(
     Asks for confirmation; when not at a terminal, refuses unless --yes is given.
     """
     session = open_session(redis_url, namespace, as_json)
-    filtered = any((queue, task, id_prefix, text, start, end))
-    if filtered and ids:
-        raise click.UsageError("give IDs or a filter (--queue, --task, ...), not both")
-    if filtered:
-        filter = message_filter(session, "dead", start, end, queue, task, id_prefix, text)
-        bulk(session, filter, yes, "purge", lambda chosen: Operations(session.store).purge(filter=chosen))
+    if act_on_filter(session, ids, filters, "dead", yes, "purge", lambda ops, chosen: ops.purge(filter=chosen)):
         return
     if ids:
         what = f"{len(set(ids))} dead-lettered message(s)"

@@ -21,6 +21,7 @@ from .common import (
     STATE_WORDS,
     TIME_COLUMN,
     F,
+    FilterArgs,
     ListState,
     Session,
     cell,
@@ -28,7 +29,6 @@ from .common import (
     emit_json,
     filter_options,
     get_message,
-    message_filter,
     open_session,
     reports_errors,
     store_options,
@@ -114,39 +114,20 @@ def page_options(func: F) -> F:
     func = click.option(
         "--offset", type=click.IntRange(min=0), default=0, show_default=True, help="Skip this many (next page)."
     )(func)
-    func = click.option(
-        "--to",
-        "end",
-        metavar="WHEN",
-        help="Latest time shown: ISO 8601 (UTC unless it has an offset), 'now', or relative: 30m, -1h, 2d.",
-    )(func)
-    func = click.option(
-        "--from",
-        "start",
-        metavar="WHEN",
-        help="Earliest time shown: ISO 8601 (UTC unless it has an offset), 'now', or relative: 5m, -2h, 3d.",
-    )(func)
+    func = click.option("--cursor", metavar="CURSOR", help="Next page of a filtered listing (printed with each page).")(
+        func
+    )
     return func
 
 
 def list_page(
-    session: Session,
-    state: ListState,
-    start: str | None,
-    end: str | None,
-    offset: int,
-    limit: int,
-    *,
-    queue: str | None = None,
-    task: str | None = None,
-    id_prefix: str | None = None,
-    text: str | None = None,
-    cursor: str | None = None,
+    session: Session, state: ListState, filters: FilterArgs, offset: int, limit: int, cursor: str | None
 ) -> None:
     now = session.store.now_ms()
-    filter = message_filter(session, state, start, end, queue, task, id_prefix, text)
+    filter = filters.to_filter(session, state)
     start_ms, end_ms = filter.start_ms, filter.end_ms
-    filtered = any((queue, task, id_prefix, text, cursor))
+    # Queue, task, id and text filters go through the operations layer; a time window alone is a plain range.
+    filtered = any((filters.queue, filters.task, filters.id_prefix, filters.text, cursor))
     next_cursor: str | None = None
     if filtered:
         # The operations layer: a bounded scan, page after page by cursor (an offset would rescan).
@@ -206,7 +187,7 @@ def list_page(
         table.add_row(*row)
     console = session.console
     if not infos:
-        ending = " match." if filtered else " in that range." if start or end else "."
+        ending = " match." if filtered else " in that range." if filters.windowed else "."
         console.print(f"No {STATE_WORDS[state]} messages{ending}")
         if offset:
             console.print(f"(offset {offset}: past the last page?)")
@@ -226,20 +207,14 @@ def list_page(
 @click.argument("state", type=click.Choice(["due", "inflight", "dead"]), default="due", required=False)
 @page_options
 @filter_options
-@click.option("--cursor", metavar="CURSOR", help="Next page of a filtered listing (printed with each page).")
 @store_options
 @reports_errors
 def ls(
     state: ListState,
-    start: str | None,
-    end: str | None,
     offset: int,
     limit: int,
-    queue: str | None,
-    task: str | None,
-    id_prefix: str | None,
-    text: str | None,
     cursor: str | None,
+    filters: FilterArgs,
     redis_url: str | None,
     namespace: str,
     as_json: bool,
@@ -265,9 +240,7 @@ def ls(
     starts (--cursor), so a page costs the same at the start of a million messages as anywhere else.
     """
     session = open_session(redis_url, namespace, as_json)
-    list_page(
-        session, state, start, end, offset, limit, queue=queue, task=task, id_prefix=id_prefix, text=text, cursor=cursor
-    )
+    list_page(session, state, filters, offset, limit, cursor)
 
 
 def show_message(session: Session, info: MessageInfo) -> None:
