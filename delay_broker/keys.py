@@ -35,6 +35,7 @@ SCRIPT_KEYS = (
     "cron",
     "schedules",
     "schedules_rev",
+    "lateness",
 )
 """The keys of a shard, in the order every script receives them as KEYS (Lua names them in upper case)."""
 
@@ -195,6 +196,11 @@ class Keyspace:
     def schedules_rev(self) -> str:
         """STRING revision of :attr:`schedules`, incremented by every change: schedulers re-read on a change."""
         return self.key("schedules_rev")
+
+    @property
+    def lateness(self) -> str:
+        """HASH lateness bucket (upper edge in ms, or 'more') -> messages promoted that late, all time."""
+        return self.key("lateness")
 
     @property
     def promoters(self) -> str:

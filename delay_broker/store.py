@@ -81,6 +81,9 @@ STORE_OPTIONS = (
 
 ListState = Literal["due", "inflight", "dead"]
 
+LATENESS_EDGES_MS = (10, 100, 1000, 10000, 60000)
+"""Upper edges of the store's promotion-lateness buckets (must equal LATENESS_EDGES in _lib.lua)."""
+
 
 def new_promoter_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
@@ -702,12 +705,21 @@ class DelayStore:
         matches = [(int(reply[n]), _listed(state, *reply[n + 1 : n + 6])[1]) for n in range(2, len(reply), 6)]
         return IndexScan(int(reply[0]), bool(int(reply[1])), matches)
 
-    def count_due(self, start_ms: int | None, end_ms: int | None) -> int:
-        """Parked messages due between two times (inclusive; None: unbounded), over every shard."""
-        low = "-inf" if start_ms is None else score_floor(start_ms)
-        high = "+inf" if end_ms is None else score_ceiling(end_ms)
-        with self._redis("counting"):
-            return sum(int(self.client.zcount(space.due, low, high)) for space in self.shards)
+    def promotion_lateness(self) -> list[tuple[str, int]]:
+        """Messages promoted so far, store-wide, by how late (ms after their due time): ``("10", n)`` for under
+        10 ms, then 100, 1000, 10000, 60000 and ``"more"`` (counted by the promote and ack scripts)."""
+        with self._redis("reading lateness"):
+            pipe = self.client.pipeline(transaction=False)
+            for space in self.shards:
+                pipe.hgetall(space.lateness)
+            replies = pipe.execute() if not self.cluster else [self.client.hgetall(s.lateness) for s in self.shards]
+        totals = dict.fromkeys([*map(str, LATENESS_EDGES_MS), "more"], 0)
+        for reply in replies:
+            for bucket, count in reply.items():
+                name = _text(bucket)
+                if name in totals:
+                    totals[name] += int(count)
+        return list(totals.items())
 
     def iter_all(self, state: ListState = "due", page: int = 500) -> Iterator[MessageInfo]:
         """Every message of a state, page by page, shard after shard (not a snapshot: changes meanwhile may be

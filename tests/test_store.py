@@ -391,3 +391,22 @@ def test_the_shard_count_is_recorded_once_and_followed_by_stores_that_took_the_d
     client.delete(
         *(key for space in sharded.shards for key in space.all()), *DelayStore(client, namespace=one).keys.all()
     )
+
+
+def test_promotion_lateness_is_counted_store_wide_on_both_paths(client, namespace):
+    store = DelayStore(client, namespace=namespace, shards=2)
+    past = datetime.now(timezone.utc) - timedelta(seconds=5)
+    for n in range(6):
+        store.park(f"late-{n}", Envelope(route="ready", payload=b"x"), due=past)
+    store.park("on-time", Envelope(route="ready", payload=b"x"), delay=0)
+    direct = DirectLists({"ready": ListTarget(f"{namespace}:ready")})
+    promoted = sum(store.promote_direct(direct.direct_routes(), 3, "p", shard=shard).promoted for shard in (0, 1))
+    for shard in (0, 1):
+        claim = store.claim(100, 30, "p", shard=shard)
+        store.ack(claim.lease_deadline_ms, [m.id for m in claim.messages], shard=shard)
+        promoted += len(claim.messages)
+    assert promoted == 7
+    buckets = dict(store.promotion_lateness())
+    assert list(buckets) == ["10", "100", "1000", "10000", "60000", "more"]
+    assert sum(buckets.values()) == 7
+    assert buckets["10000"] == 6, "five seconds late"

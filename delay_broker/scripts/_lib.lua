@@ -124,3 +124,25 @@ local function wrong_type(...)
     end
     return nil
 end
+
+-- Promotion lateness, store-wide and all time: how many messages were promoted how late (ms after their due
+-- time), in buckets named by their upper edge ('10' = under 10 ms, ..., 'more'). Must equal
+-- delay_broker.store.LATENESS_EDGES_MS.
+local LATENESS_EDGES = {10, 100, 1000, 10000, 60000}
+
+local function count_lateness(lateness_key, values)
+    local counts = {}
+    for _, value in ipairs(values) do
+        local bucket = 'more'
+        for _, edge in ipairs(LATENESS_EDGES) do
+            if value < edge then
+                bucket = tostring(edge)
+                break
+            end
+        end
+        counts[bucket] = (counts[bucket] or 0) + 1
+    end
+    for bucket, count in pairs(counts) do
+        redis.call('HINCRBY', lateness_key, bucket, count)
+    end
+end

@@ -6,12 +6,13 @@
 --   ATTEMPTS  HASH id -> failed attempts
 --   ERRORS    HASH id -> last error
 --   STATS     HASH counters
+--   LATENESS  HASH lateness bucket -> messages promoted that late (now minus the due time they had)
 -- ARGV[1] lease deadline the claim returned; ARGV[2..] ids
 -- Returns the number of messages acknowledged. A message whose lease expired and was claimed again is left
 -- to its new holder (the lease deadline is the holder's token).
 
 local problem = wrong_type(INFLIGHT, 'zset', MSG, 'hash', LEASED, 'hash', ATTEMPTS, 'hash', ERRORS, 'hash',
-    STATS, 'hash')
+    STATS, 'hash', LATENESS, 'hash')
 if problem then
     return problem
 end
@@ -28,6 +29,14 @@ for i = 2, #ARGV do
     end
 end
 if #acked > 0 then
+    local now = now_ms()
+    local lateness = {}
+    for _, score in ipairs(redis.call('HMGET', LEASED, unpack(acked))) do
+        if score then
+            lateness[#lateness + 1] = math.max(0, now - due_of(score))
+        end
+    end
+    count_lateness(LATENESS, lateness)
     redis.call('ZREM', INFLIGHT, unpack(acked))
     redis.call('HDEL', MSG, unpack(acked))
     redis.call('HDEL', LEASED, unpack(acked))

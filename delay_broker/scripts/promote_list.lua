@@ -8,6 +8,7 @@
 --   ERRORS    HASH id -> last error
 --   STATS     HASH counters
 --   PROMOTERS ZSET promoter id -> last heartbeat
+--   LATENESS  HASH lateness bucket -> messages promoted that late
 -- KEYS[FIRST_EXTRA_KEY + 2k], KEYS[FIRST_EXTRA_KEY + 2k + 1]  list key and payload-hash key of route k (k from
 --   0); a route without a hash repeats its list key in the second slot. They must be in the shard's slot.
 -- ARGV[1] batch (<= 1000)   ARGV[2] promoter id
@@ -45,7 +46,7 @@ local traced = {}
 local ready = count_due(DUE, now, batch)
 if ready > 0 then
     -- Every key written below must hold the right type before the first write (see wrong_type).
-    local spec = {MSG, 'hash', DEAD, 'zset', ATTEMPTS, 'hash', ERRORS, 'hash', STATS, 'hash'}
+    local spec = {MSG, 'hash', DEAD, 'zset', ATTEMPTS, 'hash', ERRORS, 'hash', STATS, 'hash', LATENESS, 'hash'}
     for _, route in pairs(routes) do
         spec[#spec + 1] = route.list
         spec[#spec + 1] = 'list'
@@ -144,6 +145,7 @@ if ready > 0 then
     end
     if promoted > 0 then
         redis.call('HINCRBY', STATS, 'promoted', promoted)
+        count_lateness(LATENESS, lateness)
     end
 end
 

@@ -26,12 +26,12 @@ from ..store import DelayStore, MessageInfo
 from . import csrf
 from .charts import bar_chart
 from .views import (
-    LATENESS_BUCKETS,
     filter_from,
     filter_query,
     format_age,
     format_time,
     histogram_bars,
+    lateness_bars,
     message_view,
     pretty_json,
 )
@@ -111,12 +111,7 @@ class _Dashboard:
 
     async def overview(self, request: Request) -> Response:
         stats = await self.call(self.store.stats)
-        now = stats.now_ms
-        lateness = []
-        for label, low_s, high_s in LATENESS_BUCKETS:
-            start = None if high_s is None else now - high_s * 1000
-            end = now - low_s * 1000
-            lateness.append((label, await self.call(self.store.count_due, start, end)))
+        lateness = lateness_bars(await self.call(self.store.promotion_lateness))
         return self.render(
             request,
             "overview.html",

@@ -17,14 +17,8 @@ FILTER_FIELDS = ("state", "queue", "task", "id_prefix", "text", "from", "to")
 SHORT_LABELS = {"next_minute": "< 1 min", "next_hour": "1 min-1 h", "next_day": "1 h-1 day"}
 """Chart labels of the due-time buckets (see :func:`delay_broker.cli.format.histogram_rows`)."""
 
-LATENESS_BUCKETS = (
-    ("< 1 s", 0, 1),
-    ("1-10 s", 1, 10),
-    ("10 s-1 min", 10, 60),
-    ("1-10 min", 60, 600),
-    ("> 10 min", 600, None),
-)
-"""How late overdue messages are now: label, from (s), to (s, None: unbounded)."""
+LATENESS_LABELS = {"10": "< 10 ms", "100": "10-100 ms", "1000": "0.1-1 s", "10000": "1-10 s", "60000": "10 s-1 min"}
+"""Chart labels of the store's promotion-lateness buckets (upper edges in ms; 'more' is over a minute)."""
 
 
 def format_time(ms: int | None) -> str:
@@ -46,6 +40,10 @@ def format_age(ms: int | None) -> str:
 def pretty_json(value: Any) -> str:
     """JSON for a <pre> block, as the data says it (the template escapes it; no \\u003c as ``tojson`` writes)."""
     return json.dumps(value, indent=2, ensure_ascii=False, default=str)
+
+
+def lateness_bars(buckets: list[tuple[str, int]]) -> list[tuple[str, int]]:
+    return [(LATENESS_LABELS.get(bucket, "> 1 min"), count) for bucket, count in buckets]
 
 
 def histogram_bars(stats: StoreStats) -> list[tuple[str, int]]:
