@@ -22,8 +22,9 @@ from celery import Celery
 from dramatiq.brokers.stub import StubBroker
 from playwright.sync_api import sync_playwright
 
-from delay_broker import DelayStore
+from delay_broker import DelayStore, ListTarget, Promoter
 from delay_broker.celery import install
+from delay_broker.deliverers import DirectLists
 from delay_broker.dramatiq import DelayMiddleware
 from delay_broker.embedded import EmbeddedRedis, free_port
 from delay_broker.web import create_app
@@ -49,6 +50,13 @@ def populate(server: EmbeddedRedis) -> DelayStore:
     app.close()
     broker.close()
     store = DelayStore(server.client(), namespace=NAMESPACE)
+    # Some promoted already (for the lateness chart): due within seconds, handed to a list by a promoter.
+    for n in range(150):
+        reminder.send_with_options(args=(f"soon-{n}",), delay=1100 + n * 15)
+    promoter = Promoter(store, DirectLists({"emails": ListTarget(f"{NAMESPACE}:emails:ready")}), max_idle=0.5)
+    promoter.start()
+    time.sleep(4.5)
+    promoter.stop()
     # A few overdue and a few dead, as on a real Monday.
     for n in range(7):
         reminder.send_with_options(args=(f"late-{n}",), delay=1500)
