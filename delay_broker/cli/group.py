@@ -21,7 +21,10 @@ def cli() -> None:
       delay-broker cancel ID                 delete a parked message
       delay-broker dead ls                   dead-lettered messages and why they died
       delay-broker dead requeue ID|--all     send dead-lettered messages again
-      delay-broker cron ls                   recurring schedules and their next occurrence
+      delay-broker ls --task send_email --text acme    filters: --queue, --task, --id-prefix, --text
+      delay-broker cancel --queue emails --to 1d       bulk forms of cancel, reschedule, dead requeue/purge
+      delay-broker cron ls                   recurring schedules (cron add / pause / resume / run-now ...)
+      delay-broker web                       the dashboard, on http://127.0.0.1:8471/
       delay-broker promote --dramatiq myapp.broker:broker --metrics-port 9871
       delay-broker metrics --port 9871       Prometheus endpoint for the backlog
 
