@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import itertools
 import logging
 import math
@@ -47,6 +48,7 @@ from delay_broker.deliverers import DirectLists, ListDeliverer
 from delay_broker.embedded import EmbeddedRedis
 from delay_broker.errors import StoreError
 from integration.ha_servers import RedisClusterServers, SentinelSet
+from tests.helpers import threads_running
 
 from .bench_core import message_ids
 from .common import fmt, median
@@ -75,20 +77,9 @@ def namespace(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:8]}"
 
 
-@contextlib.contextmanager
-def running(threads: list[threading.Thread], stop: threading.Event, timeout: float = 20.0) -> Iterator[None]:
-    """Start threads; on the way out (normal or not) set ``stop`` and join them."""
-    for thread in threads:
-        thread.start()
-    try:
-        yield
-    finally:
-        stop.set()
-        for thread in threads:
-            thread.join(timeout)
-        alive = [thread.name for thread in threads if thread.is_alive()]
-        if alive:
-            say(f"WARNING: threads still running after {timeout:.0f} s: {alive}")
+def running(targets: dict[str, Callable[[], None]], stop: threading.Event, timeout: float = 20.0) -> Any:
+    """The tests' threads_running, warning (not failing) about threads left running."""
+    return threads_running(targets, stop, timeout, lambda alive: say(f"WARNING: threads still running: {alive}"))
 
 
 @contextlib.contextmanager
@@ -151,9 +142,7 @@ def cluster_shares(cluster: RedisClusterServers, messages: int, seconds: float, 
             except Exception as error:  # reported, not retried: this part runs with no fault injected
                 failures.append(f"{type(error).__name__}: {error}")
 
-    producers = [
-        threading.Thread(target=produce, args=(list(range(n, len(chunks), 2)),), name=f"producer-{n}") for n in (0, 1)
-    ]
+    producers = {f"producer-{n}": functools.partial(produce, list(range(n, len(chunks), 2))) for n in (0, 1)}
 
     def make() -> Promoter:
         own = DelayStore.from_url(cluster.url, namespace=name, **CLIENT)
@@ -254,7 +243,7 @@ def failover_parks(replicas: int, rate: float, before: float, after: float) -> d
                     break
                 n += 1
 
-        with running([threading.Thread(target=produce, name="producer")], stop):
+        with running({"producer": produce}, stop):
             time.sleep(before)
             took = sentinel.failover()
             time.sleep(after)
@@ -303,7 +292,7 @@ def failover_exactly_once(replicas: int, rate: float, seconds: float, failover_a
             own = DelayStore.from_url(sentinel.url, namespace=name, replicas=replicas, replica_timeout=0.5, **CLIENT)
             return Promoter(own, DirectLists({"ready": ListTarget(target)}))
 
-        with promoters(make, 2) as workers, running([threading.Thread(target=consume, name="consumer")], stop):
+        with promoters(make, 2) as workers, running({"consumer": consume}, stop):
             time.sleep(max(0.0, t0 + failover_at - time.monotonic()))
             failover_start = time.monotonic()
             took = sentinel.failover()

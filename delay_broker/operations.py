@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Literal
 
@@ -187,12 +187,16 @@ class Operations:
 
     def ids(self, filter: MessageFilter) -> Iterator[str]:
         """Every matching id, shard by shard (a full scan in bounded calls)."""
+        return (info.id for info in self.matches(filter))
+
+    def matches(self, filter: MessageFilter) -> Iterator[MessageInfo]:
+        """Every matching message, shard by shard (a full scan in bounded calls)."""
         for shard in range(len(self.store.shards)):
             offset = 0
             while True:
-                matches, seen, exhausted = self._scan(filter, shard, offset, MAX_BATCH, max_scan=SCAN_PER_CALL)
-                for _, info in matches:
-                    yield info.id
+                found, seen, exhausted = self._scan(filter, shard, offset, MAX_BATCH, max_scan=SCAN_PER_CALL)
+                for _, info in found:
+                    yield info
                 offset += seen
                 if exhausted:
                     break
@@ -236,7 +240,7 @@ class Operations:
 
     def cancel(self, ids: Sequence[str] | None = None, filter: MessageFilter | None = None) -> BulkResult:
         """Delete parked (or dead) messages for good."""
-        targets = self._targets(ids, filter, default_state="due")
+        targets = list(self._targets(ids, filter, ("due", "dead")))
         done = 0
         skipped: list[str] = []
         for chunk in _chunks(targets):
@@ -259,17 +263,18 @@ class Operations:
         action: Action = "reschedule",
     ) -> BulkResult:
         """Give parked messages a new due time (``delay`` from now, or ``due``), all the same instant. A Celery
-        message's own eta header moves with it (see :func:`reschedule_one`). One call per message."""
-        targets = self._targets(ids, filter, default_state="due")
+        message's own eta header moves with it (see :func:`reschedule_one`): one script call per message, with
+        the envelope the filter's scan already read."""
         if (delay is None) == (due is None):
             raise ValueError("give delay or due")
+        targets = self._targets(ids, filter, ("due",))
         when = due if due is not None else ms_to_datetime(self.store.now_ms() + delay_to_ms(delay))
-        skipped = [id for id in targets if reschedule_one(self.store, id, when) is None]
+        skipped = [id for id, info in targets.items() if reschedule_one(self.store, id, when, info) is None]
         return BulkResult(action, len(targets), len(targets) - len(skipped), skipped)
 
     def requeue(self, ids: Sequence[str] | None = None, filter: MessageFilter | None = None) -> BulkResult:
         """Park dead-lettered messages again, due now, attempts reset."""
-        targets = self._targets(ids, filter, default_state="dead")
+        targets = list(self._targets(ids, filter, ("dead",)))
         done = 0
         skipped: list[str] = []
         for chunk in _chunks(targets):
@@ -280,21 +285,22 @@ class Operations:
 
     def purge(self, ids: Sequence[str] | None = None, filter: MessageFilter | None = None) -> BulkResult:
         """Delete dead-lettered messages for good."""
-        targets = self._targets(ids, filter, default_state="dead")
+        targets = list(self._targets(ids, filter, ("dead",)))
         done = sum(self.store.purge_dead(chunk) for chunk in _chunks(targets))
         return BulkResult("purge", len(targets), done)
 
     def _targets(
-        self, ids: Sequence[str] | None, filter: MessageFilter | None, *, default_state: ListState
-    ) -> list[str]:
+        self, ids: Sequence[str] | None, filter: MessageFilter | None, states: tuple[ListState, ...]
+    ) -> dict[str, MessageInfo | None]:
+        """The ids to act on, with what the filter's scan read of each (None for ids given as such)."""
         if (ids is None) == (filter is None):
             raise ValueError("give ids or a filter, not both")
         if ids is not None:
-            return list(dict.fromkeys(ids))
+            return dict.fromkeys(ids)
         assert filter is not None
-        if filter.state != default_state and not (default_state == "due" and filter.state == "dead"):
-            filter = replace(filter, state=default_state)
-        return list(dict.fromkeys(self.ids(filter)))
+        if filter.state not in states:
+            raise ValueError(f"this action applies to {' or '.join(states)} messages, not {filter.state}")
+        return {info.id: info for info in self.matches(filter)}
 
 
 def _envelope(info: MessageInfo) -> Envelope | None:
@@ -333,13 +339,14 @@ def _chunks(ids: list[str]) -> Iterator[list[str]]:
         yield ids[start : start + MAX_BATCH]
 
 
-def reschedule_one(store: DelayStore, id: str, due: datetime) -> int | None:
+def reschedule_one(store: DelayStore, id: str, due: datetime, info: MessageInfo | None = None) -> int | None:
     """Move one parked message to ``due``; returns its new due time (ms), or None if it is not parked.
+    ``info``: what the store held for it, when the caller just read it.
 
     A Celery message carries its own eta, which moves with it in the same atomic step (otherwise a task moved
     earlier would wait in a worker for its old eta); that needs celery installed.
     """
-    info = store.get(id)
+    info = info if info is not None else store.get(id)
     if info is None or info.state != "due":
         return None
     envelope = info.envelope
@@ -350,5 +357,5 @@ def reschedule_one(store: DelayStore, id: str, due: datetime) -> int | None:
             raise ConfigurationError(
                 "moving a Celery task rewrites its eta header, which needs celery installed"
             ) from None
-        return reschedule_parked(store, id, due)
+        return reschedule_parked(store, id, due, info)
     return store.reschedule(id, due=due)

@@ -19,7 +19,6 @@ import threading
 import time
 import uuid
 from collections import Counter
-from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -31,6 +30,7 @@ from delay_broker import DelayStore, Envelope, ListTarget, ParkRequest, Promoter
 from delay_broker.connect import client_from_url
 from delay_broker.deliverers import DirectLists
 from delay_broker.errors import StoreError
+from tests.helpers import threads_running
 from tests.helpers import wait_for as shared_wait_for
 
 from .test_chaos_redis import Promoters
@@ -160,21 +160,6 @@ def test_kill_9_of_promoters_over_a_sharded_cluster_store_loses_nothing(redis_cl
 CONSUMER_RETRYABLE = (redis.ConnectionError, redis.TimeoutError, redis.ResponseError)
 """A BRPOP blocked on a master that is demoted is answered ``UNBLOCKED ...`` (a ResponseError); the next call goes
 to the new master (redis-py's Sentinel pool reconnects on READONLY and on connection errors)."""
-
-
-@contextlib.contextmanager
-def threads_running(targets: dict[str, Callable[[], None]], stop: threading.Event) -> Iterator[None]:
-    threads = [threading.Thread(target=target, name=name, daemon=True) for name, target in targets.items()]
-    for thread in threads:
-        thread.start()
-    try:
-        yield
-    finally:
-        stop.set()
-        for thread in threads:
-            thread.join(20)
-        alive = [thread.name for thread in threads if thread.is_alive()]
-        assert not alive, f"threads still running: {alive}"
 
 
 @pytest.mark.slow

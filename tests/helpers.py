@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from delay_broker import Envelope
@@ -70,3 +72,30 @@ def celery_envelope(task: str, task_id: str, queue: str = "celery") -> Envelope:
         },
     }
     return Envelope(route=queue, payload=json.dumps(message).encode(), framework="celery", name=task)
+
+
+def _fail_if_any(alive: list[str]) -> None:
+    assert not alive, f"threads still running: {alive}"
+
+
+@contextlib.contextmanager
+def threads_running(
+    targets: dict[str, Callable[[], None]],
+    stop: threading.Event,
+    timeout: float = 20.0,
+    left_running: Callable[[list[str]], None] = _fail_if_any,
+) -> Iterator[None]:
+    """Run each target in a daemon thread named by its key; on the way out (normal or not) set ``stop``, join
+    them, and hand the names of any still running to ``left_running`` (default: an AssertionError)."""
+    threads = [threading.Thread(target=target, name=name, daemon=True) for name, target in targets.items()]
+    for thread in threads:
+        thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(timeout)
+        alive = [thread.name for thread in threads if thread.is_alive()]
+        if alive:
+            left_running(alive)

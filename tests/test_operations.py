@@ -167,3 +167,5 @@ def test_dead_letters_are_requeued_and_purged_by_filter(sharded):
 def test_ids_or_a_filter_not_both(sharded):
     with pytest.raises(ValueError, match="ids or a filter"):
         Operations(sharded).cancel(ids=["a"], filter=MessageFilter())
+    with pytest.raises(ValueError, match="applies to dead messages, not due"):
+        Operations(sharded).requeue(filter=MessageFilter(state="due"))
