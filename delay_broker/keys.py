@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import zlib
 from dataclasses import dataclass, field
-from functools import cache
+from functools import cache, cached_property
 
 from redis.crc import REDIS_CLUSTER_HASH_SLOTS, key_slot
 
@@ -109,10 +109,10 @@ class Keyspace:
         """A glob matching every key of this shard (for ACLs and inspection)."""
         return f"{self.prefix}:{{{self.tag}}}:*"
 
-    @property
-    def script_keys(self) -> list[str]:
+    @cached_property
+    def script_keys(self) -> tuple[str, ...]:
         """The KEYS every script of this shard receives, in :data:`SCRIPT_KEYS` order."""
-        return [self.key(name) for name in SCRIPT_KEYS]
+        return tuple(self.key(name) for name in SCRIPT_KEYS)
 
     def all(self) -> list[str]:
         """Every fixed key of the shard (per-promoter stop markers expire by themselves)."""

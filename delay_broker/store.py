@@ -28,6 +28,7 @@ from redis.exceptions import RedisClusterException
 from . import scripts, tracing
 from .clock import MAX_DUE_MS, Delay, delay_to_ms, due_of_score, due_to_ms, score_ceiling, score_floor
 from .connect import CLIENT_DEFAULTS, AnyRedis, client_from_url, describe, is_cluster, master_address
+from .envelope import VERSION as ENVELOPE_VERSION
 from .envelope import Envelope
 from .errors import (
     ConfigurationError,
@@ -114,6 +115,9 @@ class DelayStore:
       dead_max_age: seconds (or a timedelta): drop dead letters dead for longer. ``None``: no bound.
         Both bounds are enforced by :meth:`trim_dead`, which promoters call (see there); dropped letters
         are counted in the ``dead_dropped`` counter of :meth:`stats`.
+      record_version: the envelope format written (see :mod:`delay_broker.envelope`): 2, the compact binary
+        header (default), or 1, the JSON header of releases before it, for a rolling upgrade while older
+        promoters still run. Both are always read.
     """
 
     HISTOGRAM_EDGES = (60_000, 3_600_000, 86_400_000)
@@ -134,6 +138,7 @@ class DelayStore:
         max_delay: Delay | None = None,
         dead_max_count: int | None = None,
         dead_max_age: Delay | None = None,
+        record_version: int = ENVELOPE_VERSION,
     ) -> None:
         if client.get_connection_kwargs().get("decode_responses"):
             raise DelayBrokerError("the Redis client must return bytes: create it with decode_responses=False")
@@ -151,6 +156,9 @@ class DelayStore:
             isinstance(dead_max_count, bool) or not isinstance(dead_max_count, int) or dead_max_count < 0
         ):
             raise ConfigurationError(f"dead_max_count must be a whole number >= 0 or None, got {dead_max_count!r}")
+        if record_version not in (1, 2):
+            raise ConfigurationError(f"record_version must be 1 or 2, got {record_version!r}")
+        self.record_version = record_version
         self.max_delay_ms = _positive_ms("max_delay", max_delay)
         self.dead_max_count = dead_max_count
         self.dead_max_age_ms = _positive_ms("dead_max_age", dead_max_age)
@@ -454,7 +462,7 @@ class DelayStore:
         extra = tracing.with_context(envelope.extra)
         if extra != envelope.extra:
             envelope = dataclasses.replace(envelope, extra=extra)
-        return envelope.encode(parked_at_ms=int(time.time() * 1000))
+        return envelope.encode(int(time.time() * 1000), self.record_version)
 
     def cancel(self, id: str) -> bool:
         """Remove a parked (or dead-lettered) message. False if it is unknown, gone or being promoted."""

@@ -7,7 +7,7 @@ from importlib import resources
 
 import pytest
 
-from delay_broker import CorruptEnvelope, Envelope
+from delay_broker import CorruptEnvelope, Envelope, InvalidMessage
 from delay_broker import scripts as script_package
 from delay_broker.clock import FIFO_SLOTS, MAX_DUE_MS
 from delay_broker.keys import SCRIPT_KEYS, lua_key_names
@@ -56,12 +56,28 @@ def test_fifo_slots_agree_with_lua():
     assert (MAX_DUE_MS + 1) * FIFO_SLOTS <= 2**53, "scores stay exact as doubles"
 
 
-def test_envelope_round_trip_keeps_payload_bytes_opaque():
-    payload = bytes(range(256)) + b"\n\n{not json"
-    envelope = Envelope(
-        route="default", payload=payload, framework="dramatiq", name="send", hash_field="abc", parked_at_ms=5
-    )
-    assert Envelope.decode(envelope.encode()) == envelope
+UUID_TEXT = "0b6c9a3e-58f4-4f0e-9a61-2d8e5b7c1a90"
+
+
+@pytest.mark.parametrize("version", [1, 2])
+@pytest.mark.parametrize(
+    "envelope",
+    [
+        Envelope(
+            route="default",
+            payload=bytes(range(256)) + b"\n\n{not json",
+            framework="dramatiq",
+            name="send",
+            hash_field="abc",
+            parked_at_ms=5,
+        ),
+        Envelope(route="q", payload=b"", framework="dramatiq", name="é", hash_field=UUID_TEXT, parked_at_ms=2**47),
+        Envelope(route="amqp/celery", payload=b"\x02", framework="celery", extra={"exchange": "", "otel": {"a": "b"}}),
+        Envelope(route="r", payload=b"p", hash_field=UUID_TEXT.upper()),
+    ],
+)
+def test_envelope_round_trip_keeps_payload_bytes_opaque(envelope, version):
+    assert Envelope.decode(envelope.encode(version=version)) == envelope
 
 
 @pytest.mark.parametrize(
@@ -83,3 +99,49 @@ def test_envelope_round_trip_keeps_payload_bytes_opaque():
 def test_corrupt_envelopes_are_refused_with_the_reason(raw, message):
     with pytest.raises(CorruptEnvelope, match=message):
         Envelope.decode(raw)
+
+
+def test_the_binary_header_is_compact_and_keeps_a_uuid_hash_field_in_16_bytes():
+    envelope = Envelope(route="default", payload=b"", framework="dramatiq", name="send_welcome",
+                        hash_field=UUID_TEXT, parked_at_ms=1_800_000_000_000)  # fmt: skip
+    compact, json_header = envelope.encode(), envelope.encode(version=1)
+    assert compact[0] == 2 and json_header[:1] == b"{"
+    assert len(compact) == 8 + 1 + 8 + 2 + 7 + 2 + 12 + 16, "marker, flags, time; framework, route, name; uuid"
+    assert len(compact) < len(json_header) / 2
+    assert Envelope.decode(compact).hash_field == UUID_TEXT
+
+
+GOOD_V2 = Envelope(route="q", payload=b"payload", name="n", hash_field="h", extra={"k": 1}).encode()
+
+
+@pytest.mark.parametrize(
+    ("raw", "message"),
+    [
+        (b"\x02\x00", "truncated header"),
+        (b"\x02\x00\x00\x00\x00\x00\x00\x00\x05raw", "truncated header, in its framework"),
+        (b"\x02\x00\x00\x00\x00\x00\x00\x00\x03raw\x00\x00", "no route"),
+        (b"\x02\x00\x00\x00\x00\x00\x00\x00\x03raw\x00\x05q", "truncated header, in its route"),
+        (b"\x02\x40" + GOOD_V2[2:], "unknown flags"),
+        (b"\x02\x06\x00\x00\x00\x00\x00\x00\x03raw\x00\x01q\x01\x02", "truncated header, in its hash field"),
+        (b"\x02\x01\x00\x00\x00\x00\x00\x00\x03raw\x00\x01q\x00\x02\xff\xfe", "name is not UTF-8"),
+        (b"\x02\x08\x00\x00\x00\x00\x00\x00\x03raw\x00\x01q\x00\x00\x00\x02[]", "extras are not an object"),
+        (b"\x02\x08\x00\x00\x00\x00\x00\x00\x03raw\x00\x01q\x00\x00\x00\x02{x", "extras are not JSON"),
+        (GOOD_V2[:-12], "truncated header, in its extras"),
+    ],
+)
+def test_corrupt_binary_envelopes_are_refused_with_the_reason(raw, message):
+    with pytest.raises(CorruptEnvelope, match=message):
+        Envelope.decode(raw)
+
+
+def test_unencodable_fields_are_refused_clearly():
+    with pytest.raises(InvalidMessage, match="route is 70000 bytes long"):
+        Envelope(route="r" * 70_000, payload=b"").encode()
+    with pytest.raises(ValueError, match="version must be 1 or 2"):
+        Envelope(route="r", payload=b"").encode(version=3)
+
+
+def test_each_script_carries_only_the_helpers_it_uses():
+    assert "local function open_binary" in script_package.source("find"), "open_envelope needs it"
+    assert "local function open_envelope" not in script_package.source("cancel")
+    assert script_package.source("cancel").count("local function wrong_type") == 1

@@ -1,11 +1,14 @@
 """The store's Lua scripts, one ``.lua`` file each, loaded with the key names and shared helpers they use.
 
 Each script is sent as: the prelude naming a shard's keys (generated from :data:`delay_broker.keys.SCRIPT_KEYS`,
-so the key order is written down once), the helpers of ``_lib.lua``, then the script itself.
+so the key order is written down once), the helpers of ``_lib.lua`` it uses, then the script itself. Only the
+helpers a script uses (and those they use) are sent: Redis runs the whole text at every call, and defining
+every helper each time cost a park about 4 us of server time.
 """
 
 from __future__ import annotations
 
+import re
 from functools import cache
 from importlib import resources
 
@@ -39,4 +42,40 @@ def source(name: str) -> str:
     """The text sent to Redis for script ``name``: key names, shared helpers, then the script itself."""
     if name not in NAMES:
         raise KeyError(f"no script named {name!r}")
-    return lua_key_names() + _read("_lib.lua") + "\n" + _read(f"{name}.lua")
+    body = _read(f"{name}.lua")
+    return lua_key_names() + "".join(_helpers_used_by(body)) + "\n" + body
+
+
+_DEFINITION = re.compile(r"^local (?:function (\w+)|([\w, ]+?) =)", re.MULTILINE)
+
+
+@cache
+def _helper_sections() -> tuple[tuple[frozenset[str], str], ...]:
+    """``_lib.lua`` cut into its top-level definitions, each with the comment above it and the names it defines."""
+    text = _read("_lib.lua")
+    starts = [match.start() for match in _DEFINITION.finditer(text)]
+    sections = []
+    for start, end in zip(starts, [*starts[1:], len(text)], strict=True):
+        match = _DEFINITION.match(text, start)
+        assert match is not None
+        names = match.group(1) or match.group(2)
+        if match.group(1):  # a function runs to its own top-level end (what follows is the next one's comment)
+            block = text[start:end].rpartition("\nend\n")[0] + "\nend\n"
+        else:  # a constant runs to the next blank line
+            block = text[start:end].split("\n\n", 1)[0] + "\n"
+        sections.append((frozenset(n.strip() for n in names.split(",")), block))
+    return tuple(sections)
+
+
+def _helpers_used_by(body: str) -> list[str]:
+    """The sections of ``_lib.lua`` that ``body`` refers to, directly or through other helpers, in file order."""
+    sections = _helper_sections()
+    wanted: set[int] = set()
+    pending = [body]
+    while pending:
+        words = set(re.findall(r"\w+", pending.pop()))
+        for index, (names, block) in enumerate(sections):
+            if index not in wanted and names & words:
+                wanted.add(index)
+                pending.append(block)
+    return [sections[index][1] for index in sorted(wanted)]

@@ -21,6 +21,11 @@ local function due_limit(ms)
     return ms * FIFO_SLOTS + FIFO_SLOTS - 1
 end
 
+local function not_a_counter_text(seq_key)
+    return 'ERR key ' .. seq_key .. ' is not an integer counter: nothing was changed; delete it to let '
+        .. 'delay_broker go on'
+end
+
 -- `count` consecutive scores for messages due at the given times, in park order.
 -- Every script takes its numbers before its first write, so a corrupt counter stops it with nothing changed.
 -- A refusal of the server's own (OOM, NOREPLICAS, READONLY) is raised by INCRBY as Redis said it, untouched:
@@ -29,8 +34,7 @@ local function next_seq(seq_key, count)
     local current = redis.call('GET', seq_key)
     if current and not string.match(current, '^%-?%d+$') then
         -- A plain string: Redis 6.2 cannot report an error table raised with error().
-        error('ERR key ' .. seq_key .. ' is not an integer counter: nothing was changed; delete it to let '
-            .. 'delay_broker go on')
+        error(not_a_counter_text(seq_key))
     end
     return redis.call('INCRBY', seq_key, count) - count
 end
@@ -93,10 +97,78 @@ local function wake_one(wake_key)
     redis.call('LPUSH', wake_key, wake_key)
 end
 
-local find, sub, decode = string.find, string.sub, cjson.decode
+local find, sub, byte, decode = string.find, string.sub, string.byte, cjson.decode
+local UUID_TEXT = '%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x'
 
--- Splits an envelope into its decoded header table and payload; returns nil and a reason when malformed.
+-- A version 2 (binary) header; see delay_broker/envelope.py for the layout. Returns the header table, the
+-- payload, or nil and a reason.
+local function open_binary(envelope)
+    local size = #envelope
+    if size < 9 then
+        return nil, nil, 'malformed envelope: truncated header'
+    end
+    local flags = byte(envelope, 2)
+    local at = 9
+    local function text(width)
+        local length = byte(envelope, at)
+        if width == 2 then
+            length = length and byte(envelope, at + 1) and length * 256 + byte(envelope, at + 1)
+        end
+        if not length or at + width + length - 1 > size then
+            return nil
+        end
+        local value = sub(envelope, at + width, at + width + length - 1)
+        at = at + width + length
+        return value
+    end
+    local truncated = 'malformed envelope: truncated header'
+    local header = {v = 2}
+    header.f = text(1)
+    header.r = header.f and text(2)
+    if not header.r then
+        return nil, nil, truncated
+    end
+    if bit.band(flags, 1) ~= 0 then
+        header.n = text(2)
+        if not header.n then
+            return nil, nil, truncated
+        end
+    end
+    if bit.band(flags, 2) ~= 0 then
+        if bit.band(flags, 4) ~= 0 then
+            if at + 15 > size then
+                return nil, nil, truncated
+            end
+            header.h = string.format(UUID_TEXT, byte(envelope, at, at + 15))
+            at = at + 16
+        else
+            header.h = text(2)
+            if not header.h then
+                return nil, nil, truncated
+            end
+        end
+    end
+    if bit.band(flags, 8) ~= 0 then
+        local a, b, c, d = byte(envelope, at, at + 3)
+        local length = d and ((a * 256 + b) * 256 + c) * 256 + d
+        if not length or at + 3 + length > size then
+            return nil, nil, truncated
+        end
+        local ok, extras = pcall(decode, sub(envelope, at + 4, at + 3 + length))
+        if not ok or type(extras) ~= 'table' then
+            return nil, nil, 'malformed envelope: extras are not a JSON object'
+        end
+        header.x = extras
+        at = at + 4 + length
+    end
+    return header, sub(envelope, at), nil
+end
+
+-- Splits an envelope into its header table and payload; returns nil and a reason when malformed.
 local function open_envelope(envelope)
+    if byte(envelope, 1) == 2 then
+        return open_binary(envelope)
+    end
     local newline = find(envelope, '\n', 1, true)
     if not newline then
         return nil, nil, 'malformed envelope: no header line'

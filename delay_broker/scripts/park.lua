@@ -54,17 +54,35 @@ for i = FIRST_GROUP, #ARGV, 4 do
     dues[count] = due
 end
 
-local problem = wrong_type(DUE, 'zset', MSG, 'hash', INFLIGHT, 'zset', LEASED, 'hash', DEAD, 'zset',
-    ATTEMPTS, 'hash', ERRORS, 'hash', SEQ, 'string', WAKE, 'list', STATS, 'hash')
-if problem then
-    return problem
+-- Reads first, writes after, so that a key of the wrong type stops the script before it changes anything. The
+-- reads check the types of the keys they touch for free; only when one fails are all keys examined, to name
+-- the culprit. The keys that are only written get a TYPE check each, and only when they are about to be.
+local seq_value, held, head
+local read_ok, read_error = pcall(function()
+    seq_value = redis.call('GET', SEQ)
+    held = {}
+    for n = 1, count do
+        local id = ARGV[FIRST_GROUP + (n - 1) * 4]
+        local existing = redis.call('ZSCORE', DUE, id)
+        if existing then
+            held[n] = due_of(existing)
+        elseif redis.call('ZSCORE', INFLIGHT, id) or redis.call('ZSCORE', DEAD, id) then
+            held[n] = -1
+        end
+    end
+    head = head_due(DUE)
+end)
+if not read_ok then
+    return wrong_type(DUE, 'zset', INFLIGHT, 'zset', DEAD, 'zset', SEQ, 'string')
+        or redis.error_reply('ERR delay_broker: reading the store failed: ' .. tostring(read_error.err or read_error))
 end
-
-local seq = next_seq(SEQ, count)
+if seq_value and not string.match(seq_value, '^%-?%d+$') then
+    return redis.error_reply(not_a_counter_text(SEQ))
+end
 
 -- Only scheduled parks read the cron record: a stray key there must not stop ordinary sends.
 if schedule ~= '' then
-    problem = wrong_type(CRON, 'hash', SCHEDULES_REV, 'string')
+    local problem = wrong_type(CRON, 'hash', SCHEDULES_REV, 'string')
     if problem then
         return problem
     end
@@ -85,26 +103,43 @@ if schedule ~= '' then
             return {latest_due, 0, 0}
         end
     end
-    redis.call('HSET', CRON, schedule, dues[1])
 end
 
-local head = head_due(DUE)
-local earliest = false
+-- What will be written, decided before writing: the keys it writes are checked first.
+local writing, replacing, earliest = 0, false, false
+for n = 1, count do
+    if not held[n] or replace then
+        writing = writing + 1
+        replacing = replacing or held[n] ~= nil
+        if not earliest or dues[n] < earliest then
+            earliest = dues[n]
+        end
+    end
+end
+local woke = (earliest and (not head or earliest < head)) and 1 or 0
+if writing > 0 then
+    local problem = wrong_type(MSG, 'hash', STATS, 'hash')
+        or (woke == 1 and wrong_type(WAKE, 'list'))
+        or (replacing and wrong_type(LEASED, 'hash', ATTEMPTS, 'hash', ERRORS, 'hash'))
+    if problem then
+        return problem
+    end
+end
+
+if schedule ~= '' then
+    redis.call('HSET', CRON, schedule, dues[1])
+end
+local seq = writing > 0 and redis.call('INCRBY', SEQ, count) - count or 0
 local result = {}
-local parked = 0
 local delivered = 0
 for n = 1, count do
     local i = FIRST_GROUP + (n - 1) * 4
     local id = ARGV[i]
-    local outcome = 1
-    local existing = redis.call('ZSCORE', DUE, id)
-    local held = existing or redis.call('ZSCORE', INFLIGHT, id) or redis.call('ZSCORE', DEAD, id)
-    if held and not replace then
-        result[#result + 1] = existing and due_of(existing) or -1
+    if held[n] and not replace then
+        result[#result + 1] = held[n]
         result[#result + 1] = 0
     else
-        if held then
-            outcome = 2
+        if held[n] then
             -- Parked again while a promoter holds it: its delivery is under way or done (a Dramatiq retry
             -- re-parks the same id), and that promoter's ack will find no lease to count. Count it here.
             delivered = delivered + redis.call('ZREM', INFLIGHT, id)
@@ -115,25 +150,19 @@ for n = 1, count do
         end
         redis.call('ZADD', DUE, score_for(dues[n], seq + n - 1), id)
         redis.call('HSET', MSG, id, ARGV[i + 3])
-        if not earliest or dues[n] < earliest then
-            earliest = dues[n]
-        end
-        parked = parked + 1
         result[#result + 1] = dues[n]
-        result[#result + 1] = outcome
+        result[#result + 1] = held[n] and 2 or 1
     end
 end
 
-if parked > 0 then
-    redis.call('HINCRBY', STATS, 'parked', parked)
+if writing > 0 then
+    redis.call('HINCRBY', STATS, 'parked', writing)
 end
 if delivered > 0 then
     redis.call('HINCRBY', STATS, 'promoted', delivered)
 end
-local woke = 0
-if earliest and (not head or earliest < head) then
+if woke == 1 then
     wake_one(WAKE)
-    woke = 1
 end
 result[#result + 1] = woke
 return result

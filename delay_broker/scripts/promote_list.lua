@@ -88,7 +88,7 @@ if ready > 0 then
             local route = header and routes[header.r]
             if problem then
                 fail(id, envelope, problem)
-            elseif header.v ~= 1 then
+            elseif header.v ~= 1 and header.v ~= 2 then
                 fail(id, envelope, 'unsupported envelope version ' .. cjson.encode(header.v))
             elseif type(header.r) ~= 'string' then
                 fail(id, envelope, 'malformed envelope: no route')
