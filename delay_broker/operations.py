@@ -185,10 +185,6 @@ class Operations:
             examined += shard_examined
         return Count(matched, examined, complete)
 
-    def ids(self, filter: MessageFilter) -> Iterator[str]:
-        """Every matching id, shard by shard (a full scan in bounded calls)."""
-        return (info.id for info in self.matches(filter))
-
     def matches(self, filter: MessageFilter) -> Iterator[MessageInfo]:
         """Every matching message, shard by shard (a full scan in bounded calls)."""
         for shard in range(len(self.store.shards)):
@@ -341,7 +337,8 @@ def _chunks(ids: list[str]) -> Iterator[list[str]]:
 
 def reschedule_one(store: DelayStore, id: str, due: datetime, info: MessageInfo | None = None) -> int | None:
     """Move one parked message to ``due``; returns its new due time (ms), or None if it is not parked.
-    ``info``: what the store held for it, when the caller just read it.
+    ``info``: what the store held for it, when the caller just read it (a filter's scan); it decides whether
+    the message is parked and whose it is, never what is written back.
 
     A Celery message carries its own eta, which moves with it in the same atomic step (otherwise a task moved
     earlier would wait in a worker for its old eta); that needs celery installed.
@@ -357,5 +354,5 @@ def reschedule_one(store: DelayStore, id: str, due: datetime, info: MessageInfo 
             raise ConfigurationError(
                 "moving a Celery task rewrites its eta header, which needs celery installed"
             ) from None
-        return reschedule_parked(store, id, due, info)
+        return reschedule_parked(store, id, due)  # reads it afresh: the eta goes into the payload stored now
     return store.reschedule(id, due=due)

@@ -717,7 +717,13 @@ class DelayStore:
         """Messages promoted so far, store-wide, by how late (ms after their due time): ``("10", n)`` for under
         10 ms, then 100, 1000, 10000, 60000 and ``"more"`` (counted by the promote and ack scripts)."""
         with self._redis("reading lateness"):
-            replies = [self.client.hgetall(space.lateness) for space in self.shards]
+            if self.cluster:  # the shards' keys live in different slots, so on different nodes
+                replies = [self.client.hgetall(space.lateness) for space in self.shards]
+            else:
+                pipe = self.client.pipeline(transaction=False)
+                for space in self.shards:
+                    pipe.hgetall(space.lateness)
+                replies = pipe.execute()
         totals = dict.fromkeys([*map(str, LATENESS_EDGES_MS), "more"], 0)
         for reply in replies:
             for bucket, count in reply.items():

@@ -19,7 +19,7 @@ from kombu.serialization import loads as _kombu_loads
 from kombu.utils import json as _kombu_json
 
 from ..envelope import Envelope
-from ..store import DelayStore, MessageInfo
+from ..store import DelayStore
 
 # kombu's JSON codec (it round-trips datetimes, UUIDs and decimals with type tags; never pickle).
 dumps: Callable[[Any], str] = _kombu_json.dumps
@@ -176,11 +176,10 @@ def with_eta(envelope: Envelope, due: datetime) -> Envelope:
     return dataclasses.replace(envelope, payload=dumps(record).encode("utf-8"))
 
 
-def reschedule_parked(store: DelayStore, task_id: str, due: datetime, info: MessageInfo | None = None) -> int | None:
+def reschedule_parked(store: DelayStore, task_id: str, due: datetime) -> int | None:
     """Move a parked Celery task to ``due``, its eta header with it, in one step. Returns the new due time
-    in ms, or None if the task is not parked. ``info``: what the store held for it, if the caller just read it
-    (saves reading it again; a task changed meanwhile is refused by nothing but its state)."""
-    info = info if info is not None else store.get(task_id)
+    in ms, or None if the task is not parked."""
+    info = store.get(task_id)
     if info is None or info.state != "due" or info.envelope is None:
         return None
     return store.reschedule(task_id, due=due, envelope=with_eta(info.envelope, due))

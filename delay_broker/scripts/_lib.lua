@@ -21,9 +21,15 @@ local function due_limit(ms)
     return ms * FIFO_SLOTS + FIFO_SLOTS - 1
 end
 
-local function not_a_counter_text(seq_key)
-    return 'ERR key ' .. seq_key .. ' is not an integer counter: nothing was changed; delete it to let '
-        .. 'delay_broker go on'
+-- The FIFO counter's value, refused with nothing changed when it is not an integer. The refusal is a plain
+-- string (Redis 6.2 cannot report an error table raised with error()), at level 0 (no position in front).
+local function current_seq(seq_key)
+    local current = redis.call('GET', seq_key)
+    if current and not string.match(current, '^%-?%d+$') then
+        error('ERR key ' .. seq_key .. ' is not an integer counter: nothing was changed; delete it to let '
+            .. 'delay_broker go on', 0)
+    end
+    return current
 end
 
 -- `count` consecutive scores for messages due at the given times, in park order.
@@ -31,11 +37,7 @@ end
 -- A refusal of the server's own (OOM, NOREPLICAS, READONLY) is raised by INCRBY as Redis said it, untouched:
 -- no pcall, whose error table Redis 6.2 and 7 shape differently.
 local function next_seq(seq_key, count)
-    local current = redis.call('GET', seq_key)
-    if current and not string.match(current, '^%-?%d+$') then
-        -- A plain string: Redis 6.2 cannot report an error table raised with error().
-        error(not_a_counter_text(seq_key))
-    end
+    current_seq(seq_key)
     return redis.call('INCRBY', seq_key, count) - count
 end
 

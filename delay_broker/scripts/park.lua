@@ -57,9 +57,9 @@ end
 -- Reads first, writes after, so that a key of the wrong type stops the script before it changes anything. The
 -- reads check the types of the keys they touch for free; only when one fails are all keys examined, to name
 -- the culprit. The keys that are only written get a TYPE check each, and only when they are about to be.
-local seq_value, held, head
+local held, head
 local read_ok, read_error = pcall(function()
-    seq_value = redis.call('GET', SEQ)
+    current_seq(SEQ)
     held = {}
     for n = 1, count do
         local id = ARGV[FIRST_GROUP + (n - 1) * 4]
@@ -73,11 +73,9 @@ local read_ok, read_error = pcall(function()
     head = head_due(DUE)
 end)
 if not read_ok then
+    -- A key of the wrong type, named; else the refusal as raised (current_seq's is a plain string).
     return wrong_type(DUE, 'zset', INFLIGHT, 'zset', DEAD, 'zset', SEQ, 'string')
-        or redis.error_reply('ERR delay_broker: reading the store failed: ' .. tostring(read_error.err or read_error))
-end
-if seq_value and not string.match(seq_value, '^%-?%d+$') then
-    return redis.error_reply(not_a_counter_text(SEQ))
+        or redis.error_reply(type(read_error) == 'table' and tostring(read_error.err) or tostring(read_error))
 end
 
 -- Only scheduled parks read the cron record: a stray key there must not stop ordinary sends.
