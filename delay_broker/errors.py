@@ -30,6 +30,10 @@ class StoreUnavailable(StoreError, ConnectionError):
     """Redis could not be reached or did not answer; nothing was written (or it is unknown whether it was)."""
 
 
+class FarTierUnavailable(StoreUnavailable):
+    """The far tier's PostgreSQL could not be reached or failed the statement; its transaction was rolled back."""
+
+
 class StoreRefused(StoreError):
     """Redis answered and refused the operation; nothing was written. Each subclass names one reason."""
 

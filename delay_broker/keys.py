@@ -36,6 +36,7 @@ SCRIPT_KEYS = (
     "schedules",
     "schedules_rev",
     "lateness",
+    "moved",
 )
 """The keys of a shard, in the order every script receives them as KEYS (Lua names them in upper case)."""
 
@@ -201,6 +202,11 @@ class Keyspace:
     def lateness(self) -> str:
         """HASH lateness bucket (upper edge in ms, or 'more') -> messages promoted that late, all time."""
         return self.key("lateness")
+
+    @property
+    def moved(self) -> str:
+        """ZSET far-tier token -> when its message was moved into Redis (see :mod:`delay_broker.far`)."""
+        return self.key("moved")
 
     @property
     def promoters(self) -> str:

@@ -34,6 +34,13 @@ DEAD_TRIM_INTERVAL = 60.0
 retention (``dead_max_count``/``dead_max_age``): the age bound holds to within this. A shard is also trimmed
 right after this promoter dead-lettered something there, so the count bound holds to within a batch."""
 
+FAR_BATCHES_PER_SWEEP = 20
+"""Far-tier move transactions per sweep at most: a backlog of rows is drained over several cycles, between
+which the promoter promotes."""
+
+ORPHAN_CHECK_INTERVAL = 300.0
+"""Seconds between two looks for moved-in tokens whose rows are gone (left by a mover that died)."""
+
 
 @runtime_checkable
 class Deliverer(Protocol):
@@ -147,6 +154,9 @@ class Promoter:
         self._dead_in: set[int] = set()
         """Shards this promoter dead-lettered something in since it last trimmed them."""
         self._trimmed_at = float("-inf")
+        self._swept_at = float("-inf")
+        self._orphans_checked_at = time.monotonic()
+        self._far_down = False
         if isinstance(deliverer, DirectDeliverer):
             # A layout that cannot work (exactly-once on a Cluster, targets outside the slot) fails here, at
             # start-up, not in the loop (where it is checked again, should Redis be down now).
@@ -268,7 +278,34 @@ class Promoter:
             self._look_at[shard] = started + (0.0 if full else max(0.0, min(wait, self.max_idle)))
             any_full = any_full or full
         self._trim_dead(started)
-        return any_full, min(self._look_at) - time.monotonic()
+        next_look = min(self._look_at)
+        if self.store.far_tier is not None:
+            self._sweep_far(started)
+            next_look = min(next_look, self._swept_at + self.store.far_tier.sweep_interval)
+        return any_full, next_look - time.monotonic()
+
+    def _sweep_far(self, now: float) -> None:
+        """Move far-tier rows now within the horizon into Redis (see :mod:`delay_broker.far`). A PostgreSQL
+        outage is logged and retried at the next interval: it never holds up the promotion of what is in Redis."""
+        assert self.store.far_tier is not None
+        if now - self._swept_at < self.store.far_tier.sweep_interval:
+            return
+        self._swept_at = now
+        try:
+            for _ in range(FAR_BATCHES_PER_SWEEP):
+                if self.store.sweep_far() < self.store.far_tier.batch:
+                    break
+            if now - self._orphans_checked_at >= ORPHAN_CHECK_INTERVAL:
+                self._orphans_checked_at = now
+                self.store.forget_moved_orphans()
+        except StoreError as error:
+            if not self._far_down:
+                logger.warning("Promoter %s: far tier sweep failed, retrying every interval: %s", self.id, error)
+            self._far_down = True
+            return
+        if self._far_down:
+            logger.info("Promoter %s: far tier sweep works again.", self.id)
+            self._far_down = False
 
     def _trim_dead(self, now: float) -> None:
         """Enforce the store's dead-letter retention (see :meth:`DelayStore.trim_dead` for why here)."""

@@ -30,8 +30,9 @@ class ParkResult:
     id: str
     due_ms: int
     """The due time now stored (for a kept duplicate: the existing one; -1 if it is in flight or dead)."""
-    outcome: Literal["new", "replaced", "kept", "stale"]
-    """``stale``: a schedule's occurrence refused because the schedules changed since it was built."""
+    outcome: Literal["new", "replaced", "kept", "stale", "moved"]
+    """``stale``: a schedule's occurrence refused because the schedules changed since it was built. ``moved``
+    (far tier only): a row already moved into Redis by a mover that died before deleting it."""
 
 
 @dataclass(frozen=True)
@@ -124,6 +125,8 @@ class StoreStats:
     """Parked messages per bucket of :attr:`DelayStore.HISTOGRAM_EDGES`, plus one for later."""
     shards: int = 1
     """Shards the counts were summed over."""
+    far: int = 0
+    """Of :attr:`parked`, the messages waiting in the far tier (PostgreSQL); 0 without one."""
 
     @property
     def oldest_overdue_age_ms(self) -> int:

@@ -36,6 +36,7 @@ _EXPLANATIONS: dict[str, tuple[type[StoreRefused], str]] = {
         "the server is a read-only replica (a failover is under way, or the URL names a replica)",
     ),
     "LOADING": (StoreLoading, "Redis is loading its data set from disk and cannot serve yet"),
+    "LEASEGONE": (StoreRefused, "a far-tier mover stalled past its lease: nothing was moved, another mover takes over"),
     "MOVED": (
         WrongNode,
         "the key's slot lives on another Redis Cluster node (a URL naming one node of a cluster needs "

@@ -38,7 +38,9 @@ from .errors import (
     InvalidMessage,
     NotReplicated,
     PayloadTooLarge,
+    StoreError,
 )
+from .far import FarRow, FarTier
 from .keys import DEFAULT_NAMESPACE, DEFAULT_PREFIX, MAX_SHARDS, Keyspace, shard_of
 from .records import (
     Claim,
@@ -77,6 +79,9 @@ STORE_OPTIONS = (
     "max_delay",
     "dead_max_count",
     "dead_max_age",
+    "record_version",
+    "far_tier",
+    "far_horizon",
 )
 """Options of :class:`DelayStore` itself; :meth:`DelayStore.from_url` gives every other one to the client."""
 
@@ -118,6 +123,10 @@ class DelayStore:
       record_version: the envelope format written (see :mod:`delay_broker.envelope`): 2, the compact binary
         header (default), or 1, the JSON header of releases before it, for a rolling upgrade while older
         promoters still run. Both are always read.
+      far_tier: a :class:`~delay_broker.far.FarTier` (or its PostgreSQL URL) to keep messages due beyond its
+        horizon out of Redis until they come within it (see :mod:`delay_broker.far`). ``None`` (default):
+        every message is parked in Redis.
+      far_horizon: the horizon when ``far_tier`` is given as a URL (default 6 hours).
     """
 
     HISTOGRAM_EDGES = (60_000, 3_600_000, 86_400_000)
@@ -139,6 +148,8 @@ class DelayStore:
         dead_max_count: int | None = None,
         dead_max_age: Delay | None = None,
         record_version: int = ENVELOPE_VERSION,
+        far_tier: FarTier | str | None = None,
+        far_horizon: Delay | None = None,
     ) -> None:
         if client.get_connection_kwargs().get("decode_responses"):
             raise DelayBrokerError("the Redis client must return bytes: create it with decode_responses=False")
@@ -178,6 +189,11 @@ class DelayStore:
         self._wake_tokens: dict[bytes, int] = {}
         self._layout_recorded = False
         self._scripts = {name: client.register_script(scripts.source(name)) for name in scripts.NAMES}
+        if isinstance(far_tier, str):
+            far_tier = FarTier(far_tier) if far_horizon is None else FarTier(far_tier, horizon=far_horizon)
+        self.far_tier = far_tier
+        self._far = None if far_tier is None else far_tier.table_for(f"{prefix}:{namespace}")
+        self._clock_offset: tuple[float, int] | None = None
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> DelayStore:
@@ -390,7 +406,10 @@ class DelayStore:
         requests = list(requests)
         routes = {request.envelope.route for request in requests if isinstance(request, ParkRequest)}
         with tracing.park_span(len(requests), next(iter(routes)) if len(routes) == 1 else None):
-            return self._park_encoded([self._encode_request(request) for request in requests], on_conflict)
+            encoded = [self._encode_request(request) for request in requests]
+            if self._far is None:
+                return self._park_encoded(encoded, on_conflict)
+            return self._park_tiered(requests, encoded, on_conflict)
 
     def _park_encoded(self, encoded: list[tuple[str, str, int, bytes]], on_conflict: OnConflict) -> list[ParkResult]:
         if len(self._shards or self._read_layout("park")) == 1:
@@ -437,14 +456,22 @@ class DelayStore:
         *,
         max_delay_ms: int | None = None,
         revision: str = "",
+        adopt: tuple[int, list[int]] | None = None,
     ) -> list[ParkResult]:
         limit = self._max_delay_arg() if max_delay_ms is None else max_delay_ms
-        args: list[Any] = [on_conflict, MAX_DUE_MS, schedule, limit, revision]
+        fence, tokens = ("", "") if adopt is None else (str(adopt[0]), " ".join(map(str, adopt[1])))
+        args: list[Any] = [on_conflict, MAX_DUE_MS, schedule, limit, revision, fence, tokens]
         for item in chunk:
             args.extend(item)
         reply = self._run("park", shard, args)
         self._relay_wake(shard, reply[-1])
-        outcomes: tuple[Literal["kept", "new", "replaced", "stale"], ...] = ("kept", "new", "replaced", "stale")
+        outcomes: tuple[Literal["kept", "new", "replaced", "stale", "moved"], ...] = (
+            "kept",
+            "new",
+            "replaced",
+            "stale",
+            "moved",
+        )
         return [ParkResult(item[0], int(reply[2 * n]), outcomes[int(reply[2 * n + 1])]) for n, item in enumerate(chunk)]
 
     def _encode_request(self, request: ParkRequest) -> tuple[str, str, int, bytes]:
@@ -474,6 +501,14 @@ class DelayStore:
     def cancel_each(self, ids: Sequence[str]) -> list[bool]:
         """Cancel each id (as :meth:`cancel`), one script call per 1,000 per shard; True for each one removed."""
         ids = [check_id(id) for id in ids]
+        if self._far is None:
+            return self._cancel_in_redis(ids)
+        # The far tier first: deleting a row waits for a mover that holds it, after which the message is in
+        # Redis. Redis is asked for every id, because a mover that died may have left a copy there too.
+        far = self._far.delete(ids)
+        return [id in far or in_redis for id, in_redis in zip(ids, self._cancel_in_redis(ids), strict=True)]
+
+    def _cancel_in_redis(self, ids: list[str]) -> list[bool]:
         removed: dict[str, bool] = {}
         for shard, group in self._by_shard(ids).items():
             missed: list[str] = []
@@ -506,6 +541,10 @@ class DelayStore:
         check_id(id)
         kind, value = _due_argument(delay, due, id)
         encoded = b"" if envelope is None else self._encode_envelope(id, envelope)
+        if self._far is not None:
+            far_due = self._reschedule_far(id, kind, value, encoded, envelope)
+            if far_due is not None:
+                return far_due
         for shard in self._shards_to_search(id):
             moved, woke = self._run("reschedule", shard, [id, kind, value, MAX_DUE_MS, encoded, self._max_delay_arg()])
             if int(moved) >= 0:
@@ -611,10 +650,195 @@ class DelayStore:
         done, current, now_ms, cancelled = self._run("schedule_update", 0, args)
         return ScheduleUpdate(bool(int(done)), int(current), int(now_ms), bool(int(cancelled)))
 
+    # -- the far tier ----------------------------------------------------------------------------------
+
+    def _estimated_now_ms(self) -> int:
+        """The Redis clock without a round trip: the local clock corrected by an offset read once a minute.
+        Close enough to choose a tier, whose horizon is many seconds away."""
+        local = time.time()
+        if self._clock_offset is None or local - self._clock_offset[0] > 60:
+            self._clock_offset = (local, self.now_ms() - int(local * 1000))
+        return int(local * 1000) + self._clock_offset[1]
+
+    def _far_due(self, id: str, kind: str, value: int, now: int) -> int | None:
+        """The due time (ms) of a message that belongs in the far tier, or None if it belongs in Redis."""
+        assert self.far_tier is not None
+        due = value if kind == "a" else now + value
+        if due - now <= self.far_tier.horizon_ms:
+            return None
+        if due > MAX_DUE_MS:
+            raise InvalidDelay(f"due time of {id} is past the latest supported")
+        if self.max_delay_ms is not None and due - now > self.max_delay_ms:
+            raise InvalidDelay(
+                f"due time of {id} is {(due - now) / 1000:g} s from now, beyond max_delay "
+                f"({self.max_delay_ms / 1000:g} s)"
+            )
+        return due
+
+    def _park_tiered(
+        self, requests: list[ParkRequest], encoded: list[tuple[str, str, int, bytes]], on_conflict: OnConflict
+    ) -> list[ParkResult]:
+        """Park the far messages as rows and the others in Redis, one copy per id across both tiers."""
+        assert self._far is not None
+        now = self._estimated_now_ms()
+        dues = [self._far_due(id, kind, value, now) for id, kind, value, _ in encoded]
+        results: list[ParkResult | None] = [None] * len(encoded)
+        near = [n for n, due in enumerate(dues) if due is None]
+        if near and on_conflict == "keep":
+            held = self._far.due_times([encoded[n][0] for n in near])
+            for n in near:
+                if encoded[n][0] in held:
+                    results[n] = ParkResult(encoded[n][0], held[encoded[n][0]], "kept")
+            near = [n for n in near if results[n] is None]
+        if near:
+            chunk = [encoded[n] for n in near]
+            if on_conflict == "replace":
+                # A far row of the same id is replaced: deleted in a transaction committed only once the park
+                # in Redis is done, so a park that fails leaves it as it was.
+                replaced, parked = self._far.deleted_around(
+                    [item[0] for item in chunk], lambda: self._park_encoded(chunk, on_conflict)
+                )
+                parked = [
+                    dataclasses.replace(r, outcome="replaced") if r.id in replaced and r.outcome == "new" else r
+                    for r in parked
+                ]
+            else:
+                parked = self._park_encoded(chunk, on_conflict)
+            for n, result in zip(near, parked, strict=True):
+                results[n] = result
+        far = [n for n, due in enumerate(dues) if due is not None]
+        if far:
+            self._park_far(requests, encoded, dues, far, on_conflict, results)
+        return results  # type: ignore[return-value]
+
+    def _park_far(
+        self,
+        requests: list[ParkRequest],
+        encoded: list[tuple[str, str, int, bytes]],
+        dues: list[int | None],
+        far: list[int],
+        on_conflict: OnConflict,
+        results: list[ParkResult | None],
+    ) -> None:
+        assert self._far is not None
+        ids = [encoded[n][0] for n in far]
+        in_redis: dict[str, int] = {}
+        if on_conflict == "keep":
+            for id in ids:
+                info = self._get_in_redis(id)
+                if info is not None and info.state != "gone":
+                    in_redis[id] = -1 if info.due_ms is None or info.state != "due" else info.due_ms
+        rows = {}  # the last request of an id wins, as in Redis
+        for n in far:
+            id = encoded[n][0]
+            if id not in in_redis:
+                envelope = requests[n].envelope
+                rows[id] = (id, dues[n], envelope.route, envelope.name or "", encoded[n][3])
+        previous = self._far.insert(list(rows.values()), replace=on_conflict == "replace")  # type: ignore[arg-type]
+        cancelled = set()
+        if on_conflict == "replace":  # a copy of the same id in Redis is replaced by the row
+            cancelled = {id for id, removed in zip(ids, self._cancel_in_redis(ids), strict=True) if removed}
+        for n in far:
+            id = encoded[n][0]
+            if id in in_redis:
+                results[n] = ParkResult(id, in_redis[id], "kept")
+            elif on_conflict == "keep" and id in previous:
+                results[n] = ParkResult(id, previous[id] or -1, "kept")
+            else:
+                replaced = id in previous or id in cancelled
+                results[n] = ParkResult(id, dues[n] or -1, "replaced" if replaced else "new")
+
+    def _reschedule_far(self, id: str, kind: str, value: int, encoded: bytes, envelope: Envelope | None) -> int | None:
+        """Reschedule ``id`` if it is a far row (moving it into Redis at once if now due within the horizon);
+        None if it has no row. A copy left in Redis by a mover that died is rescheduled with it: the row keeps
+        its token, so that copy still stops the row from being moved in a second time."""
+        assert self._far is not None and self.far_tier is not None
+        now = self._estimated_now_ms()
+        due = value if kind == "a" else now + value
+        self._far_due(id, "a", due, now)  # the same limits as a park
+        route, name = (envelope.route, envelope.name or "") if envelope is not None else ("", "")
+        if not self._far.reschedule(id, due, encoded or None, route, name):
+            return None
+        for shard in self._shards_to_search(id):
+            moved, _ = self._run("reschedule", shard, [id, "a", due, MAX_DUE_MS, encoded, -1])
+            if int(moved) >= 0:
+                break
+        if due - now <= self.far_tier.horizon_ms:
+            self.sweep_far(ids=[id])
+        return due
+
+    def sweep_far(self, *, ids: Sequence[str] = ()) -> int:
+        """Move the far rows now due within the horizon (or those of ``ids``) into Redis: one transaction of at
+        most the tier's ``batch`` rows. Returns how many rows left the table. Promoters call this; any number of
+        processes may at once."""
+        if self._far is None or self.far_tier is None:
+            return 0
+        tier = self.far_tier
+        now = self.now_ms()
+        deadline = now + tier.lease_ms
+        rows = self._far.move(
+            now + tier.horizon_ms, tier.batch, tier.lease_ms, lambda found: self._adopt(found, deadline), ids
+        )
+        if rows:
+            self._forget_moved(rows)
+        return len(rows)
+
+    def _adopt(self, rows: list[FarRow], deadline_ms: int) -> None:
+        groups: dict[int, list[FarRow]] = {}
+        for row in rows:
+            groups.setdefault(self.shard_for(row.id), []).append(row)
+        for shard, group in groups.items():
+            chunk = [(row.id, "a", row.due_ms, row.record) for row in group]
+            self._park(shard, chunk, "keep", max_delay_ms=-1, adopt=(deadline_ms, [row.token for row in group]))
+
+    def _forget_moved(self, rows: list[FarRow]) -> None:
+        """Drop the tokens of rows now deleted. A failure here only leaves tokens for :meth:`forget_moved_orphans`."""
+        groups: dict[int, list[int]] = {}
+        for row in rows:
+            groups.setdefault(self.shard_for(row.id), []).append(row.token)
+        try:
+            for shard, tokens in groups.items():
+                with self._redis("forgetting moved tokens"):
+                    self.client.zrem(self.shards[shard].moved, *tokens)
+        except StoreError as error:
+            logger.debug("Tokens of moved rows left for later: %s", error)
+
+    def forget_moved_orphans(self, older_than: float = 300.0) -> int:
+        """Drop recorded tokens older than ``older_than`` seconds whose rows are gone (a mover died between its
+        commit and dropping them). A token whose row still exists is kept: it is what stops a second move."""
+        if self._far is None:
+            return 0
+        dropped = 0
+        edge = self.now_ms() - delay_to_ms(older_than)
+        for space in self.shards:
+            with self._redis("reading moved tokens"):
+                found: list[bytes] = self.client.zrangebyscore(space.moved, "-inf", edge, 0, MAX_BATCH)  # type: ignore[assignment]
+                tokens = [int(token) for token in found]
+            if not tokens:
+                continue
+            orphans = set(tokens) - self._far.existing_tokens(tokens)
+            if orphans:
+                with self._redis("forgetting moved tokens"):
+                    dropped += int(self.client.zrem(space.moved, *orphans))
+        return dropped
+
+    def _far_info(self, row: FarRow) -> MessageInfo:
+        return MessageInfo(
+            id=row.id, state="due", due_ms=row.due_ms, at_ms=None, raw=row.record, attempts=0, error=None
+        )
+
     # -- inspection ------------------------------------------------------------------------------------
 
     def get(self, id: str) -> MessageInfo | None:
         check_id(id)
+        if self._far is not None:
+            # The row first: a message moved in meanwhile is in Redis before its row is deleted.
+            row = self._far.get(id)
+            if row is not None:
+                return self._far_info(row)
+        return self._get_in_redis(id)
+
+    def _get_in_redis(self, id: str) -> MessageInfo | None:
         for shard in self._shards_to_search(id):
             state, due, at, raw, attempts, error = self._run("get", shard, [id], write=False)
             state = state.decode()
@@ -655,10 +879,15 @@ class DelayStore:
         else:
             low = "-inf" if start_ms is None else start_ms
             high = "+inf" if end_ms is None else end_ms
-        if len(self.shards) == 1:
+        far = self._far is not None and state == "due"
+        if len(self.shards) == 1 and not far:
             return [info for _, info in self._list_page(0, state, low, high, offset, count)]
         wanted = offset + count
         pages = [self._list_shard(shard, state, low, high, wanted) for shard in range(len(self.shards))]
+        if far:
+            assert self._far is not None
+            rows = self._far.page(start_ms, end_ms, 0, wanted)
+            pages.append([(float(score_floor(row.due_ms)), self._far_info(row)) for row in rows])
         merged = heapq.merge(*pages, key=lambda pair: pair[0])
         return [info for _, info in list(merged)[offset:wanted]]
 
@@ -743,6 +972,11 @@ class DelayStore:
                 if len(infos) < page:
                     break
                 offset += page
+        if self._far is not None and state == "due":
+            offset = 0
+            while rows := self._far.page(None, None, offset, page):
+                yield from map(self._far_info, rows)
+                offset += len(rows)
 
     def stats(self, heartbeat_window: float = 30.0) -> StoreStats:
         """Counts over every shard: one script per shard, each a consistent snapshot of its shard."""
@@ -762,17 +996,25 @@ class DelayStore:
         def total(index: int) -> int:
             return sum(int(reply[index]) for reply in snapshots)
 
+        now = int(snapshots[0][0])
+        histogram = [sum(int(reply[8][n]) for reply in snapshots) for n in range(len(snapshots[0][8]))]
+        far = far_overdue = 0
+        if self._far is not None:
+            far, far_overdue, far_head, far_histogram = self._far.counts(now, self.HISTOGRAM_EDGES)
+            histogram = [a + b for a, b in zip(histogram, far_histogram, strict=True)]
+            heads.extend([] if far_head is None else [far_head])
         return StoreStats(
-            now_ms=int(snapshots[0][0]),
-            parked=total(1),
+            now_ms=now,
+            parked=total(1) + far,
             inflight=total(2),
             dead=total(3),
-            overdue=total(4),
+            overdue=total(4) + far_overdue,
             next_due_ms=min(heads) if heads else None,
             live_promoters=max(int(reply[6]) for reply in snapshots),
             counters=counters,
-            histogram=[sum(int(reply[8][n]) for reply in snapshots) for n in range(len(snapshots[0][8]))],
+            histogram=histogram,
             shards=len(snapshots),
+            far=far,
         )
 
     # -- promoters -------------------------------------------------------------------------------------

@@ -15,7 +15,7 @@ import pytest
 from delay_broker.embedded import EmbeddedRedis
 
 from .ha_servers import RedisClusterServers, SentinelSet, install_handlers
-from .servers import AWS_TEST_ENV, MotoServer, RabbitNode
+from .servers import AWS_TEST_ENV, MotoServer, PostgresServer, RabbitNode
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -45,6 +45,15 @@ def sqs() -> Iterator[MotoServer]:
     for name, value in AWS_TEST_ENV.items():
         os.environ.setdefault(name, value)
     server = MotoServer()
+    try:
+        yield server.start()
+    finally:
+        server.close()
+
+
+@pytest.fixture(scope="session")
+def postgres() -> Iterator[PostgresServer]:
+    server = PostgresServer()
     try:
         yield server.start()
     finally:

@@ -1,4 +1,4 @@
-"""Private servers for the integration tests: a RabbitMQ node and a moto SQS emulator.
+"""Private servers for the integration tests: a RabbitMQ node, a moto SQS emulator and a PostgreSQL server.
 
 Each gets free ports and a temporary directory of its own; nothing here touches the system's RabbitMQ
 (port 5672, /var/lib/rabbitmq) or the default epmd port. A private epmd is started next to each node so it
@@ -208,6 +208,78 @@ class MotoServer:
             except subprocess.TimeoutExpired:
                 _kill_group(self.process, signal.SIGKILL)
         self.log.unlink(missing_ok=True)
+
+
+def postgres_bindir() -> Path:
+    """The directory of Debian's PostgreSQL server programs (the newest installed version)."""
+    found = shutil.which("initdb")
+    if found:
+        return Path(found).parent
+    versions = sorted(Path("/usr/lib/postgresql").glob("*/bin/initdb"), key=lambda p: int(p.parts[-3]))
+    if not versions:
+        raise RuntimeError("PostgreSQL is not installed (Debian: apt-get install postgresql)")
+    return versions[-1].parent
+
+
+class PostgresServer:
+    """A PostgreSQL cluster of its own (initdb in a temporary directory, a free port, trust auth on loopback).
+
+    PostgreSQL refuses to run as root: as root, the cluster belongs to Debian's ``postgres`` user and its
+    programs run as that user. ``restart`` stops it (``immediate``: a crash, as far as transactions go) and
+    starts it again on the same port and data.
+    """
+
+    def __init__(self) -> None:
+        self.bindir = postgres_bindir()
+        self.port = free_port()
+        self.directory = Path(tempfile.mkdtemp(prefix="delay-broker-pg-"))
+        self.data = self.directory / "data"
+        self.log = self.directory / "server.log"
+        self._as_user: list[str] = []
+        if os.geteuid() == 0:
+            self._as_user = ["runuser", "-u", "postgres", "--"]
+            shutil.chown(self.directory, "postgres", "postgres")
+
+    @property
+    def url(self) -> str:
+        return f"postgresql://delay_broker@127.0.0.1:{self.port}/postgres"
+
+    def _run(self, program: str, *args: str, timeout: float = 120.0) -> None:
+        subprocess.run(
+            [*self._as_user, str(self.bindir / program), *args],
+            check=True,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            timeout=timeout,
+            start_new_session=True,
+        )
+
+    def start(self) -> PostgresServer:
+        if not self.data.exists():
+            self._run("initdb", "-D", str(self.data), "-U", "delay_broker", "--auth=trust", "-E", "UTF8", "--no-sync")
+        options = f"-p {self.port} -c listen_addresses=127.0.0.1 -k {self.directory} -c fsync=off"
+        self._run("pg_ctl", "start", "-w", "-t", "60", "-D", str(self.data), "-l", str(self.log), "-o", options)
+        return self
+
+    def stop(self, mode: str = "fast") -> None:
+        if (self.data / "postmaster.pid").exists():
+            self._run("pg_ctl", "stop", "-w", "-t", "60", "-m", mode, "-D", str(self.data))
+
+    def restart(self) -> None:
+        self.stop("immediate")
+        self.start()
+
+    def close(self) -> None:
+        try:
+            with contextlib.suppress(subprocess.SubprocessError, OSError):
+                self.stop("immediate")
+            pid_file = self.data / "postmaster.pid"
+            if pid_file.exists():  # pg_ctl could not stop it: the postmaster's process group goes
+                with contextlib.suppress(ValueError, OSError):
+                    os.killpg(int(pid_file.read_text().split()[0]), signal.SIGKILL)
+        finally:
+            shutil.rmtree(self.directory, ignore_errors=True)
 
 
 def _wait(ready: object, timeout: float, what: str) -> None:

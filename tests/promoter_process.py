@@ -20,6 +20,7 @@ import redis
 from delay_broker import ClaimedMessage, DelayStore, ListTarget, Promoter
 from delay_broker.connect import CLUSTER_SCHEMES, SENTINEL_SCHEMES, AnyRedis, client_from_url
 from delay_broker.deliverers import DirectLists, ListDeliverer
+from delay_broker.far import FarTier
 
 
 class SlowListDeliverer(ListDeliverer):
@@ -53,10 +54,23 @@ def main() -> None:
     parser.add_argument("--lease", type=float, default=30.0)
     parser.add_argument("--batch", type=int, default=100)
     parser.add_argument("--max-idle", type=float, default=0.5)
+    parser.add_argument("--far-url", help="PostgreSQL URL of the store's far tier: this promoter also sweeps it")
+    parser.add_argument("--far-horizon", type=float, default=2.0)
+    parser.add_argument("--far-sweep", type=float, default=0.1)
+    parser.add_argument("--far-batch", type=int, default=100)
     options = parser.parse_args()
 
     client = make_client(options.url)
-    store = DelayStore(client, namespace=options.namespace)
+    far = None
+    if options.far_url:
+        far = FarTier(
+            options.far_url,
+            horizon=options.far_horizon,
+            sweep_interval=options.far_sweep,
+            batch=options.far_batch,
+            lease=5.0,
+        )
+    store = DelayStore(client, namespace=options.namespace, far_tier=far)
     target = ListTarget(options.target, mode="rpush")
     deliverer = (
         SlowListDeliverer(client, target, options.deliver_sleep)

@@ -12,6 +12,7 @@
 --   STATS     HASH counters
 --   CRON      HASH schedule name -> due ms of the latest occurrence parked for it
 --   SCHEDULES_REV  STRING revision of the runtime schedules' definitions
+--   MOVED     ZSET far-tier token -> when its message was moved in (adopting only)
 -- ARGV[1] on_conflict: 'replace' (reschedule and replace the payload) or 'keep' (leave an existing id alone)
 -- ARGV[2] max_due_ms: latest due time accepted
 -- ARGV[3] schedule: '' or the name of a recurring schedule. With a name the call parks one occurrence, and
@@ -22,18 +23,27 @@
 -- ARGV[5] schedules revision: with a schedule, the revision of the definitions the occurrence was built from,
 --         or '' for a schedule that does not depend on them. A changed revision (a schedule added, changed,
 --         paused ...) refuses the occurrence: the scheduler reads the definitions again and offers anew.
--- ARGV[6..] groups of 4: id, kind ('d' = delay in ms from Redis TIME, 'a' = absolute due ms), value, envelope
+-- ARGV[6] adopting from the far tier: '' for an ordinary park, else the mover's deadline (Redis TIME, ms): past
+--         it the mover's PostgreSQL locks may be gone and another mover may hold the rows, so nothing is written
+-- ARGV[7] adopting: the far-tier tokens of the groups, space-separated, in group order. A token already in
+--         MOVED was adopted before, by a mover that died before deleting its row: that group is skipped. Every
+--         other token is recorded, so that a row moved in is never moved in twice (nor run twice).
+-- ARGV[8..] groups of 4: id, kind ('d' = delay in ms from Redis TIME, 'a' = absolute due ms), value, envelope
 -- Returns a flat list, two entries per message: due_ms, outcome (1 = new, 2 = replaced, 0 = kept existing;
 -- for a kept message due_ms is its current due time, or -1 when it is in flight or dead; for a refused
 -- occurrence, the due time of the latest occurrence parked for its schedule; outcome 3 = refused, the schedules
--- revision changed); then 1 if WAKE was pushed, else 0.
+-- revision changed; outcome 4 = skipped, moved in before); then 1 if WAKE was pushed, else 0.
 
-local FIRST_GROUP = 6
+local FIRST_GROUP = 8
 local replace = ARGV[1] == 'replace'
 local max_due = tonumber(ARGV[2])
 local schedule = ARGV[3]
 local max_delay = tonumber(ARGV[4])
+local adopting = ARGV[6] ~= ''
 local now = now_ms()
+if adopting and now >= tonumber(ARGV[6]) then
+    return redis.error_reply('LEASEGONE far-tier move refused: its lease ran out (another mover may own the rows)')
+end
 
 -- Validate everything before writing anything: a script error does not roll back earlier writes.
 local dues = {}
@@ -57,10 +67,18 @@ end
 -- Reads first, writes after, so that a key of the wrong type stops the script before it changes anything. The
 -- reads check the types of the keys they touch for free; only when one fails are all keys examined, to name
 -- the culprit. The keys that are only written get a TYPE check each, and only when they are about to be.
-local held, head
+local held, head, tokens, moved
 local read_ok, read_error = pcall(function()
     current_seq(SEQ)
     held = {}
+    moved = {}
+    if adopting then
+        tokens = {}
+        for token in string.gmatch(ARGV[7], '%S+') do
+            tokens[#tokens + 1] = token
+            moved[#tokens] = redis.call('ZSCORE', MOVED, token) ~= false
+        end
+    end
     for n = 1, count do
         local id = ARGV[FIRST_GROUP + (n - 1) * 4]
         local existing = redis.call('ZSCORE', DUE, id)
@@ -74,7 +92,7 @@ local read_ok, read_error = pcall(function()
 end)
 if not read_ok then
     -- A key of the wrong type, named; else the refusal as raised (current_seq's is a plain string).
-    return wrong_type(DUE, 'zset', INFLIGHT, 'zset', DEAD, 'zset', SEQ, 'string')
+    return wrong_type(DUE, 'zset', INFLIGHT, 'zset', DEAD, 'zset', SEQ, 'string', MOVED, 'zset')
         or redis.error_reply(type(read_error) == 'table' and tostring(read_error.err) or tostring(read_error))
 end
 
@@ -106,7 +124,7 @@ end
 -- What will be written, decided before writing: the keys it writes are checked first.
 local writing, replacing, earliest = 0, false, false
 for n = 1, count do
-    if not held[n] or replace then
+    if not moved[n] and (not held[n] or replace) then
         writing = writing + 1
         replacing = replacing or held[n] ~= nil
         if not earliest or dues[n] < earliest then
@@ -133,7 +151,10 @@ local delivered = 0
 for n = 1, count do
     local i = FIRST_GROUP + (n - 1) * 4
     local id = ARGV[i]
-    if held[n] and not replace then
+    if moved[n] then
+        result[#result + 1] = -1
+        result[#result + 1] = 4
+    elseif held[n] and not replace then
         result[#result + 1] = held[n]
         result[#result + 1] = 0
     else
@@ -153,6 +174,13 @@ for n = 1, count do
     end
 end
 
+if adopting then
+    for n = 1, count do
+        if not moved[n] then
+            redis.call('ZADD', MOVED, now, tokens[n])
+        end
+    end
+end
 if writing > 0 then
     redis.call('HINCRBY', STATS, 'parked', writing)
 end

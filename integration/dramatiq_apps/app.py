@@ -16,6 +16,7 @@ Environment:
   DB_STORE_URL      optional: the delay store's URL when it is not DB_REDIS_URL (redis+cluster://, ...)
   DB_STORE_SHARDS   optional: shards of the delay store namespace
   DB_STORE_REPLICAS optional: durable writes (replicas to confirm each write)
+  DB_FAR_URL        optional: PostgreSQL URL of a far tier (with DB_FAR_HORIZON seconds, DB_FAR_SWEEP seconds)
   DB_SENTINEL_URL   redis+sentinel:// URL of the RedisBroker's Redis (DB_BROKER=redis-sentinel); the store
                     lives in that master too
 """
@@ -35,6 +36,7 @@ from dramatiq.errors import Retry
 from dramatiq.middleware import CurrentMessage
 
 from delay_broker.dramatiq import DelayMiddleware
+from delay_broker.far import FarTier
 
 LONG_RETRY_MS = 20 * 60 * 1000
 """Longer than SQS's 15-minute limit: dramatiq-sqs alone loses such a retry."""
@@ -112,6 +114,9 @@ def build(env: Mapping[str, str]) -> App:
         store_options["shards"] = int(env["DB_STORE_SHARDS"])
     if env.get("DB_STORE_REPLICAS"):
         store_options["replicas"] = int(env["DB_STORE_REPLICAS"])
+    if env.get("DB_FAR_URL"):
+        horizon, sweep = float(env["DB_FAR_HORIZON"]), float(env.get("DB_FAR_SWEEP", "0.2"))
+        store_options["far_tier"] = FarTier(env["DB_FAR_URL"], horizon=horizon, sweep_interval=sweep)
     middleware = DelayMiddleware(
         redis_url=redis_url,
         namespace=env["DB_STORE_NS"],

@@ -1,0 +1,267 @@
+"""The far tier on a real PostgreSQL server and a real redis-server: parking, moving, both tiers seen as one,
+movers killed and stalled, PostgreSQL down and restarted, and a real Dramatiq worker running a far message."""
+
+from __future__ import annotations
+
+import functools
+import random
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+import redis
+
+from delay_broker import DelayStore, Envelope, ListTarget, ParkRequest, Promoter
+from delay_broker.deliverers import DirectLists
+from delay_broker.embedded import EmbeddedRedis
+from delay_broker.errors import FarTierUnavailable, StoreError
+from delay_broker.far import FarRow, FarTier
+from tests.helpers import wait_for as shared_wait_for
+
+from .servers import PostgresServer
+from .test_chaos_redis import Promoters, delivered, figures
+from .test_dramatiq_brokers import Deployment, running
+
+wait_for = functools.partial(shared_wait_for, interval=0.05)
+HORIZON = 2.0
+
+
+@pytest.fixture
+def tiered(
+    redis_server: EmbeddedRedis, postgres: PostgresServer, unique: str
+) -> Iterator[tuple[DelayStore, redis.Redis, str]]:
+    client = redis_server.client()
+    tier = FarTier(postgres.url, horizon=HORIZON, sweep_interval=0.1, lease=5.0)
+    store = DelayStore(client, namespace=f"far-{unique}", far_tier=tier)
+    target = f"far-{unique}:ready"
+    yield store, client, target
+    client.delete(target, *client.scan_iter(match=store.keys.pattern))
+    with psycopg.connect(postgres.url, autocommit=True) as connection:
+        connection.execute("DELETE FROM delay_broker_far WHERE namespace = %s", (f"delay_broker:far-{unique}",))
+    client.close()
+
+
+def redis_holds(client: redis.Redis, store: DelayStore) -> tuple[int, int]:
+    return client.zcard(store.keys.due), client.hlen(store.keys.msg)
+
+
+def promote(store: DelayStore, target: str) -> int:
+    return store.promote_direct({"ready": ListTarget(target, mode="rpush")}, 1000, "test").promoted
+
+
+def test_a_far_message_costs_redis_nothing_and_is_seen_in_both_tiers(tiered: Any) -> None:
+    store, client, _ = tiered
+    near = store.park("near", Envelope("ready", b"n"), delay=1)
+    far = store.park("far", Envelope("ready", b"f", name="task"), delay=3600)
+    assert (near.outcome, far.outcome) == ("new", "new")
+    assert redis_holds(client, store) == (1, 1)  # only the near one
+
+    info = store.get("far")
+    assert info is not None and info.state == "due" and info.due_ms == far.due_ms
+    assert info.envelope is not None and info.envelope.payload == b"f" and info.envelope.name == "task"
+    assert [m.id for m in store.list_messages()] == ["near", "far"]
+    assert [m.id for m in store.list_messages(start_ms=far.due_ms - 1)] == ["far"]
+    assert [m.id for m in store.iter_all()] == ["near", "far"]
+    stats = store.stats()
+    assert (stats.parked, stats.far, stats.histogram[:2]) == (2, 1, [1, 1])
+
+
+def test_rows_come_into_redis_within_the_horizon_and_run_once_after_due(tiered: Any) -> None:
+    store, client, target = tiered
+    parked = store.park_many(
+        ParkRequest(f"m{n}", Envelope("ready", f"m{n}".encode()), delay=HORIZON + 1 + n * 0.1) for n in range(20)
+    )
+    assert redis_holds(client, store) == (0, 0)
+    promoter = Promoter(store, DirectLists({"ready": ListTarget(target, mode="rpush")}), max_idle=0.2).start()
+    try:
+        wait_for(lambda: client.llen(target) == 20, 20, "all 20 delivered")
+        time.sleep(0.5)
+    finally:
+        promoter.stop()
+    received = delivered(client, target)
+    assert set(received) == {f"m{n}" for n in range(20)} and max(received.values()) == 1
+    assert store.stats().far == 0 and client.zcard(store.keys.moved) == 0
+    lateness = promoter.counters
+    assert lateness.promoted == 20 and all(result.due_ms > 0 for result in parked)
+
+
+def test_cancel_and_reschedule_reach_either_tier(tiered: Any) -> None:
+    store, client, _ = tiered
+    store.park("a", Envelope("ready", b"a"), delay=3600)
+    store.park("b", Envelope("ready", b"b"), delay=3600)
+    store.park("c", Envelope("ready", b"c"), delay=1)
+    assert store.cancel_each(["a", "c", "nope"]) == [True, True, False]
+    assert store.get("a") is None and store.get("c") is None
+
+    later = store.reschedule("b", delay=7200, envelope=Envelope("ready", b"b2"))
+    info = store.get("b")
+    assert info is not None and info.due_ms == later and info.raw is not None and info.raw.endswith(b"b2")
+    assert redis_holds(client, store) == (0, 0)
+    soon = store.reschedule("b", delay=0.5)  # within the horizon: moved into Redis at once
+    assert soon is not None and redis_holds(client, store) == (1, 1) and store.stats().far == 0
+    assert store.get("b").due_ms == soon  # type: ignore[union-attr]
+
+
+def test_one_copy_per_id_across_the_tiers(tiered: Any) -> None:
+    store, client, _ = tiered
+    store.park("x", Envelope("ready", b"far"), delay=3600)
+    replaced = store.park("x", Envelope("ready", b"near"), delay=1)  # replaces the row
+    assert replaced.outcome == "replaced" and store.stats().far == 0 and redis_holds(client, store) == (1, 1)
+    back = store.park("x", Envelope("ready", b"far again"), delay=3600)  # replaces the Redis copy
+    assert back.outcome == "replaced" and store.stats().far == 1 and redis_holds(client, store) == (0, 0)
+
+    kept = store.park("x", Envelope("ready", b"ignored"), delay=1, on_conflict="keep")
+    assert kept.outcome == "kept" and kept.due_ms == back.due_ms and redis_holds(client, store) == (0, 0)
+    store.park("y", Envelope("ready", b"near"), delay=1)
+    kept = store.park("y", Envelope("ready", b"ignored"), delay=3600, on_conflict="keep")
+    assert kept.outcome == "kept" and store.stats().far == 1
+    assert store.get("x").raw.endswith(b"far again")  # type: ignore[union-attr]
+
+
+def test_a_mover_killed_after_its_adoption_never_moves_a_row_twice(tiered: Any) -> None:
+    store, client, target = tiered
+    store.park("once", Envelope("ready", b"once"), delay=HORIZON + 0.3)
+    now = store.now_ms()
+
+    def adopt_then_die(rows: list[FarRow]) -> None:
+        store._adopt(rows, now + 5000)
+        raise KeyboardInterrupt  # the process dies: its transaction never commits
+
+    with pytest.raises(KeyboardInterrupt):
+        store._far.move(now + 10_000, 100, 5000, adopt_then_die)
+    assert store.stats().far == 1 and client.zcard(store.keys.moved) == 1  # the row stayed, and its token
+    wait_for(lambda: promote(store, target), 5, "the adopted copy promoted")
+    assert store.sweep_far() == 1  # the row is found moved already: deleted, not parked again
+    assert store.stats().far == 0 and store.get("once") is None and redis_holds(client, store) == (0, 0)
+    assert client.zcard(store.keys.moved) == 0 and client.lrange(target, 0, -1) == [b"once"]
+
+
+def test_a_stalled_mover_is_refused_once_its_lease_ran_out(tiered: Any) -> None:
+    store, client, _ = tiered
+    store.park("late", Envelope("ready", b"late"), delay=HORIZON + 0.3)
+    with pytest.raises(StoreError, match="stalled past its lease"):
+        store._far.move(store.now_ms() + 10_000, 100, 5000, lambda rows: store._adopt(rows, store.now_ms() - 1))
+    assert store.stats().far == 1 and redis_holds(client, store) == (0, 0) and client.zcard(store.keys.moved) == 0
+
+
+def test_stale_tokens_are_dropped_only_when_their_rows_are_gone(tiered: Any) -> None:
+    store, client, _ = tiered
+    store.park("kept", Envelope("ready", b"k"), delay=3600)
+    token = store._far.get("kept").token  # type: ignore[union-attr]
+    client.zadd(store.keys.moved, {str(token): 1, "999999999999": 1})
+    assert store.forget_moved_orphans(older_than=0) == 1
+    assert client.zrange(store.keys.moved, 0, -1) == [str(token).encode()]
+
+
+def test_postgresql_down_refuses_far_parks_clearly_and_promotion_goes_on(
+    redis_server: EmbeddedRedis, unique: str
+) -> None:
+    server = PostgresServer().start()
+    client = redis_server.client()
+    store = DelayStore(
+        client, namespace=f"pgdown-{unique}", far_tier=FarTier(server.url, horizon=HORIZON, sweep_interval=0.2)
+    )
+    target = f"pgdown-{unique}:ready"
+    try:
+        store.park("before", Envelope("ready", b"before"), delay=3600)
+        server.stop("immediate")
+        with pytest.raises(FarTierUnavailable, match="far tier: parking far messages failed"):
+            store.park("far", Envelope("ready", b"far"), delay=3600)
+        with pytest.raises(FarTierUnavailable):  # a near park replaces a far row of its id: it needs PostgreSQL
+            store.park("near", Envelope("ready", b"near"), delay=0.2)
+        assert redis_holds(client, store) == (0, 0)  # nothing written
+        direct = DelayStore(client, namespace=f"pgdown-{unique}")  # what is in Redis promotes regardless
+        direct.park("redis", Envelope("ready", b"redis"), delay=0.1)
+        promoter = Promoter(store, DirectLists({"ready": ListTarget(target, mode="rpush")}), max_idle=0.2).start()
+        try:
+            wait_for(lambda: client.llen(target) == 1, 10, "the Redis message promoted while PostgreSQL is down")
+            server.start()  # the row parked before the outage is still there
+            assert store.get("before") is not None and store.stats().far == 1
+        finally:
+            promoter.stop()
+    finally:
+        client.delete(target, *client.scan_iter(match=store.keys.pattern))
+        client.close()
+        server.close()
+
+
+@pytest.mark.slow
+def test_sweepers_killed_and_postgresql_restarted_lose_and_duplicate_nothing(
+    redis_server: EmbeddedRedis, unique: str
+) -> None:
+    """Exactly-once path: 4 promoter processes, each a sweeper, SIGKILLed at random (20 kills) while 20,000 far
+    messages come within the horizon, and PostgreSQL restarted (immediate stop, as a crash) twice."""
+    server = PostgresServer().start()
+    client = redis_server.client()
+    namespace = f"farchaos-{unique}"
+    tier = FarTier(server.url, horizon=1.0, sweep_interval=0.1, batch=100, lease=5.0)
+    store = DelayStore(client, namespace=namespace, far_tier=tier)
+    target = f"{namespace}:ready"
+    count, seconds = 20_000, 12.0
+    options = ("--far-url", server.url, "--far-horizon", "1.0", "--far-sweep", "0.05", "--far-batch", "100")
+    promoters = Promoters(redis_server.url, namespace, target, *options)
+    rng = random.Random(13)
+    try:
+        ids = [f"c{n}" for n in range(count)]
+        for start in range(0, count, 1000):
+            store.park_many(
+                ParkRequest(id, Envelope("ready", id.encode()), delay=1.5 + seconds * (start + k) / count)
+                for k, id in enumerate(ids[start : start + 1000])
+            )
+        assert store.stats().far == count and redis_holds(client, store) == (0, 0)
+        for _ in range(4):
+            promoters.spawn()
+        restarts = 0
+        for kill in range(1, 21):
+            time.sleep(rng.uniform(0.1, 0.5))
+            promoters.kill_one(rng)
+            promoters.spawn()
+            if kill in (7, 14):  # an immediate stop: PostgreSQL's crash, mid-sweep for some promoter
+                server.restart()
+                restarts += 1
+        wait_for(lambda: client.llen(target) >= count, 90, "every message delivered")
+        time.sleep(1.0)
+        received = delivered(client, target)
+        total, lost, duplicated = figures(received, ids)
+        kills = promoters.kills
+        print(f"far chaos: {kills=} {restarts=} delivered={total} {lost=} {duplicated=}")
+        assert promoters.kills == 20 and restarts == 2
+        assert (lost, duplicated) == (0, 0)
+        assert store.stats().far == 0
+    finally:
+        promoters.stop()
+        client.delete(target, *client.scan_iter(match=store.keys.pattern))
+        client.close()
+        server.close()
+
+
+@pytest.fixture(scope="module")
+def dramatiq_far(redis_server: EmbeddedRedis, postgres: PostgresServer) -> Iterator[Deployment]:
+    unique = f"far{threading.get_ident() % 10000}{int(time.time()) % 100000}"
+    env = {
+        "DB_BROKER": "redis",
+        "DB_REDIS_URL": redis_server.url,
+        "DB_BROKER_NS": f"db{unique}",
+        "DB_STORE_NS": f"dramatiq-far-{unique}",
+        "DB_THRESHOLD": "1.0",
+        "DB_RECORD_KEY": f"records:far:{unique}",
+        "DB_QUEUES": f"parked_db{unique}",
+        "DB_FAR_URL": postgres.url,
+        "DB_FAR_HORIZON": str(HORIZON),
+    }
+    yield from running("redis-far", env, redis_server.url)
+
+
+def test_a_real_dramatiq_worker_runs_a_far_message_once_after_due(dramatiq_far: Deployment) -> None:
+    sent_at = time.time() * 1000
+    message = dramatiq_far.actor("parked").send_with_options(args=("far",), delay=int((HORIZON + 2) * 1000))
+    info = dramatiq_far.app.middleware.get(message)
+    assert info is not None and info.state == "due" and info.due_ms is not None
+    assert dramatiq_far.app.middleware.store.stats().far == 1  # in PostgreSQL, not Redis
+    runs = wait_for(lambda: dramatiq_far.runs("far"), 30, "the far message ran")
+    assert runs[0]["t"] >= info.due_ms - 1 and runs[0]["t"] >= sent_at + (HORIZON + 2) * 1000 - 5
+    time.sleep(1.0)
+    assert len(dramatiq_far.runs("far")) == 1 and runs[0]["id"] == message.message_id
