@@ -35,10 +35,10 @@ import redis
 
 from delay_broker.embedded import EmbeddedRedis
 
-from . import bench_celery, bench_core, bench_dramatiq
+from . import bench_celery, bench_core, bench_dramatiq, bench_tier
 from .common import HERE, Lateness, fmt
 
-MEASURES = ("drain", "scale", "publish", "park", "lateness", "rss", "memory", "idle", "competitor")
+MEASURES = ("drain", "scale", "publish", "park", "lateness", "rss", "memory", "tier", "idle", "competitor")
 
 
 @dataclass(frozen=True)
@@ -87,6 +87,8 @@ TARGETS = {
     "bytes_per_parked": ("<=", 150.0),
     "scale_ratio": (">=", 0.85),
     "idle_calls_per_s": ("<=", 1.0),
+    "redis_bytes_per_far_message": ("<=", 20.0),
+    "tier_lateness_p99_ms": ("<=", 5.0),
 }
 
 
@@ -133,8 +135,8 @@ class Report:
 
 
 @contextlib.contextmanager
-def servers(need_rabbit: bool, need_sqs: bool) -> Iterator[dict[str, Any]]:
-    from integration.servers import AWS_TEST_ENV, MotoServer, RabbitNode
+def servers(need_rabbit: bool, need_sqs: bool, need_postgres: bool = False) -> Iterator[dict[str, Any]]:
+    from integration.servers import AWS_TEST_ENV, MotoServer, PostgresServer, RabbitNode
 
     for name, value in AWS_TEST_ENV.items():
         os.environ.setdefault(name, value)
@@ -151,6 +153,10 @@ def servers(need_rabbit: bool, need_sqs: bool) -> Iterator[dict[str, Any]]:
             moto = MotoServer()
             stack.callback(moto.close)
             started["sqs"] = moto.start()
+        if need_postgres:
+            postgres = PostgresServer()
+            stack.callback(postgres.close)
+            started["postgres"] = postgres.start()
         yield started
 
 
@@ -315,6 +321,29 @@ def run_memory(report: Report, s: Sizes, env: dict[str, Any]) -> None:
     client.close()
 
 
+@section("far tier (PostgreSQL): Redis memory, sweep rate, lateness")
+def run_tier(report: Report, s: Sizes, env: dict[str, Any]) -> None:
+    client, url = env["redis"].client(), env["postgres"].url
+    count = s.memory // 10
+    far_bytes = bench_tier.redis_bytes_per_far_message(client, url, count)
+    report.add(f"10. Redis bytes per far message ({count:,} x {bench_core.MEMORY_PAYLOAD} B)", far_bytes,
+               report.values.get("bytes_per_parked", math.nan), "redis_bytes_per_far_message", far_bytes)  # fmt: skip
+    rates = bench_tier.sweep_rates(client, url, count // 2)
+    ratio = rates["tier_sweep_rate"] / rates["tier_raw_insert_rate"]
+    swept, raw = rates["tier_sweep_rate"], rates["tier_raw_insert_rate"]
+    report.add("10. far rows swept into Redis /s vs parks /s straight in", swept, raw, "tier_sweep_rate", swept,
+               f" ({ratio:.2f}x)")  # fmt: skip
+    report.values["tier_raw_insert_rate"] = rates["tier_raw_insert_rate"]
+    report.values["tier_sweep_ratio"] = ratio
+    found = bench_tier.lateness(client, url, min(s.park, 5000))
+    tiered, plain = (Lateness(label, found[label], len(found[label])) for label in ("tiered", "redis_only"))
+    report.add("10. lateness p99 ms: swept in from PostgreSQL vs parked in Redis", tiered.p99, plain.p99,
+               "tier_lateness_p99_ms", tiered.p99)  # fmt: skip
+    report.values["tier_lateness_p50_ms"] = tiered.p50
+    report.values["tier_lateness_redis_only_p99_ms"] = plain.p99
+    client.close()
+
+
 @section("drain rate with many far-future messages")
 def run_scale(report: Report, s: Sizes, env: dict[str, Any]) -> None:
     result = bench_dramatiq.scale_ratio(env["redis"].url, s.scale_parked, s.scale_due, s.batch, s.scale_rounds)
@@ -411,6 +440,7 @@ RUNNERS: dict[str, Callable[[Report, Sizes, dict[str, Any]], None]] = {
     "lateness": run_lateness,
     "rss": run_rss,
     "memory": run_memory,
+    "tier": run_tier,
     "idle": run_idle,
     "competitor": run_competitor,
 }
@@ -507,7 +537,7 @@ def main(argv: list[str] | None = None) -> None:
     report = Report()
     began = time.monotonic()
     print(f"delay_broker benchmarks, scale {options.scale}: {json.dumps(sizes.__dict__)}", flush=True)
-    with servers(need_rabbit="publish" in only, need_sqs="publish" in only) as env:
+    with servers(need_rabbit="publish" in only, need_sqs="publish" in only, need_postgres="tier" in only) as env:
         print(f"servers ready after {time.monotonic() - began:.0f} s", flush=True)
         for name in MEASURES:
             if name in only:

@@ -154,8 +154,6 @@ class Promoter:
         self._dead_in: set[int] = set()
         """Shards this promoter dead-lettered something in since it last trimmed them."""
         self._trimmed_at = float("-inf")
-        self._swept_at = float("-inf")
-        self._orphans_checked_at = time.monotonic()
         self._far_down = False
         if isinstance(deliverer, DirectDeliverer):
             # A layout that cannot work (exactly-once on a Cluster, targets outside the slot) fails here, at
@@ -194,10 +192,16 @@ class Promoter:
         """Promote until :meth:`stop` is called (blocks the calling thread)."""
         mode = "exactly-once" if isinstance(self.deliverer, DirectDeliverer) else "at-least-once"
         logger.info("Promoter %s started on %s (%s).", self.id, self.store.keys.pattern, mode)
+        sweeper = None
+        if self.store.far_tier is not None:
+            sweeper = threading.Thread(target=self._sweep, name=f"delay-broker-sweeper-{self.id}", daemon=True)
+            sweeper.start()
         try:
             while not self._stopping.is_set():
                 self.step()
         finally:
+            if sweeper is not None:
+                sweeper.join(10)
             self.store.forget_promoter(self.id)
             logger.info("Promoter %s stopped.", self.id)
 
@@ -279,33 +283,32 @@ class Promoter:
             any_full = any_full or full
         self._trim_dead(started)
         next_look = min(self._look_at)
-        if self.store.far_tier is not None:
-            self._sweep_far(started)
-            next_look = min(next_look, self._swept_at + self.store.far_tier.sweep_interval)
         return any_full, next_look - time.monotonic()
 
-    def _sweep_far(self, now: float) -> None:
-        """Move far-tier rows now within the horizon into Redis (see :mod:`delay_broker.far`). A PostgreSQL
-        outage is logged and retried at the next interval: it never holds up the promotion of what is in Redis."""
+    def _sweep(self) -> None:
+        """The far tier's sweeper, in a thread of its own beside the promotion loop: a sweep takes milliseconds
+        (a PostgreSQL transaction and a script), which must not delay the promotion of what is due meanwhile."""
         assert self.store.far_tier is not None
-        if now - self._swept_at < self.store.far_tier.sweep_interval:
-            return
-        self._swept_at = now
-        try:
-            for _ in range(FAR_BATCHES_PER_SWEEP):
-                if self.store.sweep_far() < self.store.far_tier.batch:
-                    break
-            if now - self._orphans_checked_at >= ORPHAN_CHECK_INTERVAL:
-                self._orphans_checked_at = now
-                self.store.forget_moved_orphans()
-        except StoreError as error:
-            if not self._far_down:
-                logger.warning("Promoter %s: far tier sweep failed, retrying every interval: %s", self.id, error)
-            self._far_down = True
-            return
-        if self._far_down:
-            logger.info("Promoter %s: far tier sweep works again.", self.id)
-            self._far_down = False
+        orphans_checked = time.monotonic()
+        while not self._stopping.is_set():
+            try:
+                for _ in range(FAR_BATCHES_PER_SWEEP):
+                    if self.store.sweep_far() < self.store.far_tier.batch or self._stopping.is_set():
+                        break
+                if time.monotonic() - orphans_checked >= ORPHAN_CHECK_INTERVAL:
+                    orphans_checked = time.monotonic()
+                    self.store.forget_moved_orphans()
+                if self._far_down:
+                    logger.info("Promoter %s: far tier sweep works again.", self.id)
+                    self._far_down = False
+            except StoreError as error:
+                # PostgreSQL (or Redis) down: retried every interval; what is in Redis is promoted meanwhile.
+                if not self._far_down:
+                    logger.warning("Promoter %s: far tier sweep failed, retrying every interval: %s", self.id, error)
+                self._far_down = True
+            except Exception:
+                self._unexpected("sweeping the far tier")
+            self._stopping.wait(self.store.far_tier.sweep_interval)
 
     def _trim_dead(self, now: float) -> None:
         """Enforce the store's dead-letter retention (see :meth:`DelayStore.trim_dead` for why here)."""
