@@ -70,6 +70,8 @@ class CeleryOptions:
     dead_max_count: int | None = None
     dead_max_age: float | None = None
     consumer_timeout: float | Literal[False] | None = None
+    far_tier: str | None = None
+    far_horizon: float | None = None
 
     def store_options(self) -> dict[str, Any]:
         """The :class:`~delay_broker.store.DelayStore` arguments these options give."""
@@ -82,6 +84,8 @@ class CeleryOptions:
             "max_delay": self.max_delay,
             "dead_max_count": self.dead_max_count,
             "dead_max_age": self.dead_max_age,
+            "far_tier": self.far_tier,
+            "far_horizon": self.far_horizon,
         }
 
     def threshold_for(self, kind: Kind) -> float:
@@ -153,7 +157,13 @@ def parse_options(raw: object) -> CeleryOptions:
             values[name] = None if value is None else _seconds(name, value, minimum=0.0, inclusive=True)
         elif name in ("lease", "max_idle", "replica_timeout"):
             values[name] = _seconds(name, value, minimum=0.0, inclusive=False)
-        elif name in ("max_delay", "dead_max_age"):
+        elif name == "far_tier":
+            if value is not None and not (
+                isinstance(value, str) and value.startswith(("postgresql://", "postgres://"))
+            ):
+                raise ConfigurationError(f"delay_broker option 'far_tier' must be a postgresql:// URL, got {value!r}")
+            values[name] = value
+        elif name in ("max_delay", "dead_max_age", "far_horizon"):
             values[name] = None if value is None else _seconds(name, value, minimum=0.0, inclusive=False)
         elif name == "dead_max_count":
             values[name] = None if value is None else _int(name, value, 0, 2**53)
