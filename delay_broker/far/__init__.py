@@ -16,14 +16,27 @@ time, so a row is never moved by two movers at once. Tokens are dropped once the
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from ..clock import Delay, delay_to_ms
 from ..errors import ConfigurationError
-from .table import FarRow, FarTable
 
-__all__ = ["FarRow", "FarTable", "FarTier"]
+if TYPE_CHECKING:
+    from .table import FarTable
+
+__all__ = ["FarRow", "FarTier"]
 
 DEFAULT_HORIZON = 6 * 3600.0
+
+
+@dataclass(frozen=True)
+class FarRow:
+    """One far message as the table holds it."""
+
+    id: str
+    due_ms: int
+    token: int
+    record: bytes
 
 
 @dataclass(frozen=True)
@@ -63,4 +76,11 @@ class FarTier:
             raise ConfigurationError("far tier: horizon must be longer than sweep_interval, or messages arrive late")
 
     def table_for(self, namespace: str) -> FarTable:
+        # Imported here: psycopg is the optional extra delay_broker[postgres], and the core must not need it.
+        try:
+            from .table import FarTable
+        except ImportError as error:
+            raise ConfigurationError(
+                f"the far tier needs psycopg: pip install 'delay_broker[postgres]' ({error})"
+            ) from None
         return FarTable(self.url, namespace, self.table)

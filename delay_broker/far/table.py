@@ -10,27 +10,17 @@ import re
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
 from importlib import resources
 from typing import Any, TypeVar
 
 import psycopg
 
 from ..errors import ConfigurationError, FarTierUnavailable
+from . import FarRow
 
 T = TypeVar("T")
 IDENTIFIER = re.compile(r"^[a-z_][a-z0-9_]{0,40}$")
 SCHEMA_LOCK = 0x64656C6179  # pg_advisory_xact_lock key: concurrent first starts create the table once
-
-
-@dataclass(frozen=True)
-class FarRow:
-    """One far message as the table holds it."""
-
-    id: str
-    due_ms: int
-    token: int
-    record: bytes
 
 
 class FarTable:
