@@ -35,8 +35,8 @@ retention (``dead_max_count``/``dead_max_age``): the age bound holds to within t
 right after this promoter dead-lettered something there, so the count bound holds to within a batch."""
 
 FAR_BATCHES_PER_SWEEP = 20
-"""Far-tier move transactions per sweep at most: a backlog of rows is drained over several cycles, between
-which the promoter promotes."""
+"""Far-tier move transactions per sweep at most: a backlog of rows is drained over several sweeps, so that a
+stop request waits for no more than this many."""
 
 ORPHAN_CHECK_INTERVAL = 300.0
 """Seconds between two looks for moved-in tokens whose rows are gone (left by a mover that died)."""

@@ -541,16 +541,22 @@ class DelayStore:
         check_id(id)
         kind, value = _due_argument(delay, due, id)
         encoded = b"" if envelope is None else self._encode_envelope(id, envelope)
-        if self._far is not None:
-            far_due = self._reschedule_far(id, kind, value, encoded, envelope)
-            if far_due is not None:
-                return far_due
+        limit = self._max_delay_arg()
+        far_due = None if self._far is None else self._reschedule_far(id, kind, value, encoded, envelope)
+        if far_due is not None:
+            # A row was rescheduled; a copy a dead mover left in Redis is rescheduled with it (see _reschedule_far).
+            kind, value, limit = "a", far_due, -1
         for shard in self._shards_to_search(id):
-            moved, woke = self._run("reschedule", shard, [id, kind, value, MAX_DUE_MS, encoded, self._max_delay_arg()])
+            moved, woke = self._run("reschedule", shard, [id, kind, value, MAX_DUE_MS, encoded, limit])
             if int(moved) >= 0:
                 self._relay_wake(shard, woke)
-                return int(moved)
-        return None
+                if far_due is None:
+                    return int(moved)
+                break
+        tier = self.far_tier
+        if far_due is not None and tier is not None and far_due - self._estimated_now_ms() <= tier.horizon_ms:
+            self.sweep_far(ids=[id])  # now within the horizon: into Redis at once
+        return far_due
 
     def _max_delay_arg(self) -> int:
         """``max_delay`` as park.lua and reschedule.lua take it: milliseconds, or -1 for none."""
@@ -670,8 +676,8 @@ class DelayStore:
             raise InvalidDelay(f"due time of {id} is past the latest supported")
         if self.max_delay_ms is not None and due - now > self.max_delay_ms:
             raise InvalidDelay(
-                f"due time of {id} is {(due - now) / 1000:g} s from now, beyond max_delay "
-                f"({self.max_delay_ms / 1000:g} s)"
+                f"due time of {id} is {_seconds_text(due - now)} from now, beyond max_delay "
+                f"({_seconds_text(self.max_delay_ms)})"
             )
         return due
 
@@ -722,12 +728,7 @@ class DelayStore:
     ) -> None:
         assert self._far is not None
         ids = [encoded[n][0] for n in far]
-        in_redis: dict[str, int] = {}
-        if on_conflict == "keep":
-            for id in ids:
-                info = self._get_in_redis(id)
-                if info is not None and info.state != "gone":
-                    in_redis[id] = -1 if info.due_ms is None or info.state != "due" else info.due_ms
+        in_redis = self._held_in_redis(ids) if on_conflict == "keep" else {}
         rows = {}  # the last request of an id wins, as in Redis
         for n in far:
             id = encoded[n][0]
@@ -743,29 +744,43 @@ class DelayStore:
             if id in in_redis:
                 results[n] = ParkResult(id, in_redis[id], "kept")
             elif on_conflict == "keep" and id in previous:
-                results[n] = ParkResult(id, previous[id] or -1, "kept")
+                results[n] = ParkResult(id, previous[id], "kept")
             else:
                 replaced = id in previous or id in cancelled
                 results[n] = ParkResult(id, dues[n] or -1, "replaced" if replaced else "new")
 
+    def _held_in_redis(self, ids: list[str]) -> dict[str, int]:
+        """The ids of ``ids`` that Redis holds, with their due time (-1 in flight or dead): one pipelined round
+        trip per shard, as park.lua tells held ids apart."""
+        held: dict[str, int] = {}
+        for group in self._by_shard(ids).values():
+            spaces = [self.shards[number] for number in self._shards_to_search(group[0])]
+            with self._redis("looking ids up"):
+                pipe = self.client.pipeline(transaction=False)
+                for space in spaces:
+                    for id in group:
+                        pipe.zscore(space.due, id)
+                        pipe.zscore(space.inflight, id)
+                        pipe.zscore(space.dead, id)
+                replies = iter(pipe.execute())
+            for _ in spaces:
+                for id in group:
+                    due, inflight, dead = next(replies), next(replies), next(replies)
+                    if id not in held and due is not None:
+                        held[id] = due_of_score(due)
+                    elif id not in held and (inflight is not None or dead is not None):
+                        held[id] = -1
+        return held
+
     def _reschedule_far(self, id: str, kind: str, value: int, encoded: bytes, envelope: Envelope | None) -> int | None:
-        """Reschedule ``id`` if it is a far row (moving it into Redis at once if now due within the horizon);
-        None if it has no row. A copy left in Redis by a mover that died is rescheduled with it: the row keeps
-        its token, so that copy still stops the row from being moved in a second time."""
-        assert self._far is not None and self.far_tier is not None
+        """Give ``id``'s far row its new due time (ms, returned); None if it has no row. The row keeps its token,
+        so a copy a mover that died left in Redis (rescheduled too, by the caller) still stops a second move."""
+        assert self._far is not None
         now = self._estimated_now_ms()
         due = value if kind == "a" else now + value
         self._far_due(id, "a", due, now)  # the same limits as a park
         route, name = (envelope.route, envelope.name or "") if envelope is not None else ("", "")
-        if not self._far.reschedule(id, due, encoded or None, route, name):
-            return None
-        for shard in self._shards_to_search(id):
-            moved, _ = self._run("reschedule", shard, [id, "a", due, MAX_DUE_MS, encoded, -1])
-            if int(moved) >= 0:
-                break
-        if due - now <= self.far_tier.horizon_ms:
-            self.sweep_far(ids=[id])
-        return due
+        return due if self._far.reschedule(id, due, encoded or None, route, name) else None
 
     def sweep_far(self, *, ids: Sequence[str] = ()) -> int:
         """Move the far rows now due within the horizon (or those of ``ids``) into Redis: one transaction of at
@@ -783,23 +798,21 @@ class DelayStore:
             self._forget_moved(rows)
         return len(rows)
 
+    def _rows_by_shard(self, rows: list[FarRow]) -> dict[int, list[FarRow]]:
+        by_id = {row.id: row for row in rows}  # ids are unique in a namespace's table
+        return {shard: [by_id[id] for id in ids] for shard, ids in self._by_shard(by_id).items()}
+
     def _adopt(self, rows: list[FarRow], deadline_ms: int) -> None:
-        groups: dict[int, list[FarRow]] = {}
-        for row in rows:
-            groups.setdefault(self.shard_for(row.id), []).append(row)
-        for shard, group in groups.items():
+        for shard, group in self._rows_by_shard(rows).items():
             chunk = [(row.id, "a", row.due_ms, row.record) for row in group]
             self._park(shard, chunk, "keep", max_delay_ms=-1, adopt=(deadline_ms, [row.token for row in group]))
 
     def _forget_moved(self, rows: list[FarRow]) -> None:
         """Drop the tokens of rows now deleted. A failure here only leaves tokens for :meth:`forget_moved_orphans`."""
-        groups: dict[int, list[int]] = {}
-        for row in rows:
-            groups.setdefault(self.shard_for(row.id), []).append(row.token)
         try:
-            for shard, tokens in groups.items():
+            for shard, group in self._rows_by_shard(rows).items():
                 with self._redis("forgetting moved tokens"):
-                    self.client.zrem(self.shards[shard].moved, *tokens)
+                    self.client.zrem(self.shards[shard].moved, *[row.token for row in group])
         except StoreError as error:
             logger.debug("Tokens of moved rows left for later: %s", error)
 
@@ -1266,6 +1279,11 @@ def _due_argument(delay: Delay | None, due: datetime | None, id: str) -> tuple[s
     if delay is not None:
         return "d", delay_to_ms(delay)
     return "a", due_to_ms(due)  # type: ignore[arg-type]
+
+
+def _seconds_text(ms: int) -> str:
+    """Milliseconds as the scripts' refusals write them (``seconds_text`` in _lib.lua)."""
+    return f"{ms // 1000} s" if ms % 1000 == 0 else f"{ms / 1000:.3f} s"
 
 
 def _positive_ms(name: str, value: Delay | None) -> int | None:

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import functools
 import random
-import threading
 import time
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -17,7 +17,7 @@ import redis
 from delay_broker import DelayStore, Envelope, ListTarget, ParkRequest, Promoter
 from delay_broker.deliverers import DirectLists
 from delay_broker.embedded import EmbeddedRedis
-from delay_broker.errors import FarTierUnavailable, StoreError
+from delay_broker.errors import FarTierUnavailable, InvalidDelay, StoreError
 from delay_broker.far import FarRow, FarTier
 from tests.helpers import wait_for as shared_wait_for
 
@@ -240,7 +240,7 @@ def test_sweepers_killed_and_postgresql_restarted_lose_and_duplicate_nothing(
 
 @pytest.fixture(scope="module")
 def dramatiq_far(redis_server: EmbeddedRedis, postgres: PostgresServer) -> Iterator[Deployment]:
-    unique = f"far{threading.get_ident() % 10000}{int(time.time()) % 100000}"
+    unique = uuid.uuid4().hex[:10]
     env = {
         "DB_BROKER": "redis",
         "DB_REDIS_URL": redis_server.url,
@@ -265,3 +265,12 @@ def test_a_real_dramatiq_worker_runs_a_far_message_once_after_due(dramatiq_far: 
     assert runs[0]["t"] >= info.due_ms - 1 and runs[0]["t"] >= sent_at + (HORIZON + 2) * 1000 - 5
     time.sleep(1.0)
     assert len(dramatiq_far.runs("far")) == 1 and runs[0]["id"] == message.message_id
+
+
+def test_a_far_park_past_max_delay_is_refused_as_in_redis(tiered: Any) -> None:
+    store, client, _ = tiered
+    limited = DelayStore(client, namespace=store.keys.namespace, far_tier=store.far_tier, max_delay=3600)
+    with pytest.raises(InvalidDelay, match=r"too-far is 7200 s from now, beyond max_delay \(3600 s\)"):
+        limited.park_many([ParkRequest("ok", Envelope("ready", b"ok"), delay=1800),
+                           ParkRequest("too-far", Envelope("ready", b"x"), delay=7200)])  # fmt: skip
+    assert limited.stats().parked == 0  # nothing of the batch written, in either tier

@@ -84,10 +84,10 @@ class FarTable:
 
     # -- writes ------------------------------------------------------------------------------------------
 
-    def insert(self, rows: Sequence[tuple[str, int, str, str, bytes]], *, replace: bool) -> dict[str, int | None]:
-        """Write rows of (id, due_ms, route, name, record). Returns, per id written over an existing row, its
-        previous due time (None when it was a new row); ids absent from the reply were new. With ``replace``
-        False an existing row is left alone and its due time returned."""
+    def insert(self, rows: Sequence[tuple[str, int, str, str, bytes]], *, replace: bool) -> dict[str, int]:
+        """Write rows of (id, due_ms, route, name, record) in one statement. Returns the ids that had a row
+        already, with its due time before: with ``replace`` it was overwritten (and got a new token), else
+        left alone."""
         if not rows:
             return {}
         ids, dues, routes, names, records = (list(column) for column in zip(*rows, strict=True))
@@ -97,42 +97,34 @@ class FarTable:
             if replace
             else "DO NOTHING"
         )
+        # ``old`` reads the statement's snapshot, from before the insert: the rows as they were.
         sql = (
-            "INSERT INTO {t} (namespace, id, due_ms, route, name, record) "
+            "WITH old AS (SELECT id, due_ms FROM {t} WHERE namespace = %s AND id = ANY(%s) FOR UPDATE), "
+            "written AS (INSERT INTO {t} (namespace, id, due_ms, route, name, record) "
             "SELECT %s, * FROM unnest(%s::text[], %s::bigint[], %s::text[], %s::text[], %s::bytea[]) "
-            f"ON CONFLICT (namespace, id) {conflict}"
+            f"ON CONFLICT (namespace, id) {conflict}) "
+            "SELECT id, due_ms FROM old"
         ).replace("{t}", self.table)
+        args = (self.namespace, ids, self.namespace, ids, dues, routes, names, records)
+        return self._run(
+            "parking far messages", lambda connection: dict(connection.execute(sql.encode(), args).fetchall())
+        )
 
-        def write(connection: psycopg.Connection[Any]) -> dict[str, int | None]:
-            with connection.transaction():
-                existing = dict(
-                    connection.execute(
-                        f"SELECT id, due_ms FROM {self.table} WHERE namespace = %s AND id = ANY(%s) FOR UPDATE",
-                        (self.namespace, ids),
-                    ).fetchall()
-                )
-                connection.execute(sql.encode(), (self.namespace, ids, dues, routes, names, records))
-            return existing
-
-        return self._run("parking far messages", write)
+    def _delete(self, connection: psycopg.Connection[Any], ids: Sequence[str]) -> set[str]:
+        sql = f"DELETE FROM {self.table} WHERE namespace = %s AND id = ANY(%s) RETURNING id"
+        return {row[0] for row in connection.execute(sql, (self.namespace, list(ids))).fetchall()}
 
     def delete(self, ids: Sequence[str]) -> set[str]:
         """Remove these ids' rows (waiting for a sweeper moving one of them); the ids that had one."""
-        sql = f"DELETE FROM {self.table} WHERE namespace = %s AND id = ANY(%s) RETURNING id"
-        return self._run(
-            "cancelling far messages",
-            lambda connection: {row[0] for row in connection.execute(sql, (self.namespace, list(ids))).fetchall()},
-        )
+        return self._run("cancelling far messages", lambda connection: self._delete(connection, ids))
 
     def deleted_around(self, ids: Sequence[str], work: Callable[[], T]) -> tuple[set[str], T]:
         """Delete these ids' rows, run ``work`` (a park of the same ids in Redis), then commit: if ``work``
         raises, the rows stay. Returns the ids that had a row, and what ``work`` returned."""
-        sql = f"DELETE FROM {self.table} WHERE namespace = %s AND id = ANY(%s) RETURNING id"
         with self._failures("replacing far messages"):
             connection = self._connection()
             with connection.transaction():
-                deleted = {row[0] for row in connection.execute(sql, (self.namespace, list(ids))).fetchall()}
-                return deleted, work()
+                return self._delete(connection, ids), work()
 
     def reschedule(self, id: str, due_ms: int, record: bytes | None, route: str, name: str) -> bool:
         """Give a row a new due time (and record). Its token stays: see :meth:`FarTier.reschedule`."""
