@@ -146,7 +146,10 @@ def test_sentinel_set_options() -> None:
 
 CHILD = textwrap.dedent(
     """
-    import sys, time
+    import signal, sys, time
+    # Python leaves SIGINT ignored when it starts with it ignored (a suite run from nohup or a background job):
+    # this child stands for an ordinary program, where Ctrl-C raises KeyboardInterrupt.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     from integration.ha_servers import SentinelSet, processes
     sentinel = SentinelSet().start()
     print(" ".join(str(server.process.pid) for server in processes()), flush=True)
