@@ -82,7 +82,7 @@ def stop_everything() -> None:
         _directories.difference_update(directories)
 
 
-DIRECTORY_PREFIXES = ("delay-broker-cluster-", "delay-broker-sentinel-")
+DIRECTORY_PREFIXES = ("delay-broker-cluster-", "delay-broker-sentinel-", "delay-broker-redis-")
 OWNER_FILE = "owner.pid"
 
 
@@ -219,13 +219,15 @@ class ServerProcess:
     def running(self) -> bool:
         return self.process is not None and self.process.poll() is None
 
-    def stop(self, timeout: float = 10.0) -> None:
+    def stop(self, timeout: float = 10.0, *, crash: bool = False) -> None:
+        """SIGTERM (a clean shutdown), or with ``crash`` SIGKILL at once: what the append-only file kept is all
+        that :meth:`start` finds again."""
         process = self.process
         if process is None:
             return
         if process.poll() is None:
             with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(process.pid, signal.SIGTERM)
+                os.killpg(process.pid, signal.SIGKILL if crash else signal.SIGTERM)
             try:
                 process.wait(timeout)
             except subprocess.TimeoutExpired:
@@ -261,6 +263,40 @@ def _start_with_fresh_ports(make: Callable[[], ServerProcess], attempts: int = 4
             if "Address already in use" not in str(error) or attempt == attempts - 1:
                 raise
     raise AssertionError("unreachable")
+
+
+class StandaloneServer:
+    """One ``redis-server`` of its own (``extra`` arguments, e.g. an append-only file) that can crash and restart.
+
+    :meth:`crash` is SIGKILL; :meth:`restart` starts it again on the same port and directory, so it loads what its
+    persistence kept.
+    """
+
+    def __init__(self, name: str, extra: list[str] | None = None) -> None:
+        self.directory = _make_directory("delay-broker-redis-")
+        self.node = _start_with_fresh_ports(lambda: self._node(name, list(extra or [])))
+
+    def _node(self, name: str, extra: list[str]) -> ServerProcess:
+        port = free_port()
+        log = self.directory / "redis.log"
+        return ServerProcess(name, port, self.directory, _data_node_arguments(port, self.directory, log, extra), log)
+
+    @property
+    def url(self) -> str:
+        return f"redis://{HOST}:{self.node.port}/0"
+
+    def client(self, **options: Any) -> redis.Redis:
+        return self.node.client(**options)
+
+    def crash(self) -> None:
+        self.node.stop(crash=True)
+
+    def restart(self, timeout: float = 120.0) -> None:
+        self.node.start(timeout)
+
+    def close(self) -> None:
+        self.node.stop()
+        _remove_directory(self.directory)
 
 
 # ---------------------------------------------------------------------------------------------------- Cluster

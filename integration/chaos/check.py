@@ -1,0 +1,216 @@
+"""The checker: what ran, against what was sent and what the run did to the servers.
+
+Every execution beyond a message's first is a duplicate, and each one gets a cause, or ``unexplained``:
+
+- ``worker_kill``: an earlier execution ran in a process that was SIGKILLed within :data:`ACK_WINDOW_MS` after
+  it, before this one. The framework re-ran a task whose worker died before acknowledging it: Dramatiq's and
+  Celery's own at-least-once (late acks), not the hand-off's.
+- ``broker_restart``: an earlier execution ran shortly before, or during, a crash of the lane's broker, and this
+  one after it: the acknowledgement died with the broker, which then handed the task out again.
+- ``promoter_kill`` (at-least-once lanes): the message was leased by a promoter when one was killed; the lease
+  ran out and another promoter delivered it again. Bounded by one batch per kill.
+- ``failover`` (at-least-once lanes): the store failed over around the first execution, and the acknowledgement
+  of its delivery had not reached the replica yet.
+
+``duplicated`` counts what the delay store's hand-off produced or nothing explains (``promoter_kill``,
+``failover``, ``unexplained``); ``reruns`` counts the frameworks' own (``worker_kill``, ``broker_restart``).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from .common import Run
+
+ACK_WINDOW_MS = 10_000
+"""The longest a framework may take, busy, from a task body's end to its acknowledgement."""
+
+RESTART_WINDOW_MS = 30_000
+"""How long before a broker crash an execution may be whose acknowledgement the crash swallowed."""
+
+FAILOVER_WINDOW_MS = 60_000
+"""How long before a failover a delivery may be whose acknowledgement was not replicated yet."""
+
+STORE_CAUSES = ("promoter_kill", "failover", "unexplained")
+FRAMEWORK_CAUSES = ("worker_kill", "broker_restart")
+
+
+@dataclass(frozen=True)
+class Kill:
+    """A worker process group SIGKILLed (its promoter thread with it)."""
+
+    lane: str
+    at_ms: int
+    pids: frozenset[int]
+    leased: frozenset[str] = frozenset()
+    """Ids leased by any promoter of the lane just after the kill (at-least-once lanes)."""
+
+
+@dataclass(frozen=True)
+class Outage:
+    """A broker crash and restart, or a store failover: from ``start_ms`` until healthy again at ``end_ms``."""
+
+    kind: str  # "restart" | "failover"
+    server: str
+    lanes: frozenset[str]
+    start_ms: int
+    end_ms: int
+
+
+@dataclass
+class LaneFigures:
+    lane: str
+    exactly_once: bool
+    batch: int
+    messages: int = 0
+    executions: int = 0
+    kills: int = 0
+    restarts: int = 0
+    failovers: int = 0
+    lost: list[str] = field(default_factory=list)
+    strangers: list[str] = field(default_factory=list)
+    early: list[str] = field(default_factory=list)
+    duplicates: dict[str, list[str]] = field(default_factory=lambda: defaultdict(list))
+    lateness_ms: list[int] = field(default_factory=list)
+    store: dict[str, int] = field(default_factory=dict)
+    """The delay store at the end: what is left in it and its counters (``promoted`` moves with the message)."""
+    lost_where: dict[str, str] = field(default_factory=dict)
+    """For each lost id, where the store says it is ("handed off": it left the store by promotion)."""
+
+    @property
+    def duplicated(self) -> int:
+        return sum(len(self.duplicates[cause]) for cause in STORE_CAUSES)
+
+    @property
+    def reruns(self) -> int:
+        return sum(len(self.duplicates[cause]) for cause in FRAMEWORK_CAUSES)
+
+    @property
+    def duplicate_bound(self) -> int:
+        """What the guarantee allows: none on the exactly-once hand-off, else a batch per kill or failover."""
+        return 0 if self.exactly_once else self.batch * (self.kills + self.failovers)
+
+    def percentile(self, fraction: float) -> int:
+        if not self.lateness_ms:
+            return 0
+        ordered = sorted(self.lateness_ms)
+        return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
+
+    @property
+    def lost_after_handoff(self) -> list[str]:
+        """Lost ids the store no longer holds, having handed them off (its counters agree): the framework lost them
+        on the way from its queue to the task body (see docs/reliability.md, kombu's fetch)."""
+        return [id for id in self.lost if self.lost_where.get(id, "").startswith("handed off")]
+
+    def ok(self) -> bool:
+        return (
+            len(self.lost) == len(self.lost_after_handoff)
+            and not self.early
+            and not self.strangers
+            and not self.duplicates["unexplained"]
+            and self.duplicated <= self.duplicate_bound
+        )
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "target": self.lane,
+            "guarantee": "exactly-once" if self.exactly_once else "at-least-once",
+            "messages": self.messages,
+            "executions": self.executions,
+            "kills": self.kills,
+            "restarts": self.restarts,
+            "failovers": self.failovers,
+            "lost": len(self.lost),
+            "lost_after_handoff": len(self.lost_after_handoff),
+            "duplicated": self.duplicated,
+            "duplicate_bound": self.duplicate_bound,
+            "reruns": self.reruns,
+            "by_cause": {cause: len(ids) for cause, ids in self.duplicates.items() if ids},
+            "early": len(self.early),
+            "strangers": len(self.strangers),
+            "store": self.store,
+            "lost_where": dict(sorted(self.lost_where.items())[:50]),
+            "lateness_ms": {
+                "p50": self.percentile(0.50),
+                "p99": self.percentile(0.99),
+                "max": max(self.lateness_ms, default=0),
+                "mean": round(statistics.fmean(self.lateness_ms), 1) if self.lateness_ms else 0,
+            },
+            "ids": {
+                "lost": self.lost[:50],
+                "early": self.early[:50],
+                "strangers": self.strangers[:50],
+                **{f"duplicated_{cause}": ids[:50] for cause, ids in self.duplicates.items() if ids},
+            },
+            "ok": self.ok(),
+        }
+
+
+def cause_of(earlier: list[Run], later: Run, exactly_once: bool, kills: list[Kill], outages: list[Outage]) -> str:
+    """Why ``later`` ran although ``earlier`` (the same message) had already run."""
+
+    def around(kind: str, window_ms: int) -> bool:
+        """An earlier run shortly before or during an outage of ``kind``, and this one after it began."""
+        return any(
+            outage.kind == kind
+            and outage.start_ms - window_ms <= run.ran_ms <= outage.end_ms
+            and later.ran_ms >= outage.start_ms
+            for run in earlier
+            for outage in outages
+        )
+
+    if any(
+        run.pid in kill.pids and run.ran_ms <= kill.at_ms <= later.ran_ms and kill.at_ms - run.ran_ms <= ACK_WINDOW_MS
+        for run in earlier
+        for kill in kills
+    ):
+        return "worker_kill"
+    if around("restart", RESTART_WINDOW_MS):
+        return "broker_restart"
+    if exactly_once:
+        return "unexplained"
+    if any(later.id in kill.leased for kill in kills):
+        return "promoter_kill"
+    if around("failover", FAILOVER_WINDOW_MS):
+        return "failover"
+    return "unexplained"
+
+
+def check_lane(
+    lane: str,
+    *,
+    exactly_once: bool,
+    batch: int,
+    sent: Mapping[str, int],
+    runs: Iterable[Run],
+    kills: Iterable[Kill],
+    outages: Iterable[Outage],
+) -> LaneFigures:
+    """The figures of one target; ``sent`` maps each acknowledged id to its due time (ms)."""
+    kills = [kill for kill in kills if kill.lane == lane]
+    outages = [outage for outage in outages if lane in outage.lanes]
+    figures = LaneFigures(lane, exactly_once, batch, messages=len(sent), kills=len(kills))
+    figures.restarts = sum(1 for outage in outages if outage.kind == "restart")
+    figures.failovers = sum(1 for outage in outages if outage.kind == "failover")
+    by_id: dict[str, list[Run]] = defaultdict(list)
+    for run in runs:
+        by_id[run.id].append(run)
+        figures.executions += 1
+    for id, executions in by_id.items():
+        if id not in sent:
+            figures.strangers.append(id)
+            continue
+        executions.sort(key=lambda run: run.ran_ms)
+        due = sent[id]
+        if executions[0].ran_ms < due:
+            figures.early.append(id)
+        figures.lateness_ms.append(executions[0].ran_ms - due)
+        for position in range(1, len(executions)):
+            cause = cause_of(executions[:position], executions[position], exactly_once, kills, outages)
+            figures.duplicates[cause].append(id)
+    figures.lost = sorted(set(sent) - set(by_id))
+    return figures
