@@ -1,4 +1,4 @@
-"""``python -m integration.chaos --scale full|ci [--seed N] [--json PATH] [--logs DIR]``; exit status 1 if a
+"""``python -m integration.chaos --scale ci|tenth|full [--seed N] [--json PATH] [--logs DIR]``; exit status 1 if a
 target missed its guarantee (lost, early, unexplained duplicates, duplicates beyond the bound)."""
 
 from __future__ import annotations
