@@ -19,7 +19,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -133,11 +133,14 @@ class RunsReader:
     def __init__(self, client: redis.Redis, key: str) -> None:
         self.client, self.key = client, key
         self.lines: list[bytes] = []
+        self.ids: set[bytes] = set()
+        """The distinct ids read so far (each record starts with its id)."""
 
     def poll(self, chunk: int = 200_000) -> None:
         while True:
             more = self.client.lrange(self.key, len(self.lines), len(self.lines) + chunk - 1)
             self.lines.extend(more)
+            self.ids.update(line.split(b" ", 1)[0] for line in more)
             if len(more) < chunk:
                 return
 
@@ -315,20 +318,19 @@ class ChaosRun:
         raise RuntimeError(f"could not read the leases of {lane.name}")
 
     def restart_redis(self) -> None:
-        start = now_ms()
-        self.redis.crash()
-        time.sleep(self.rng.uniform(1.0, 3.0))
-        self.redis.restart()
-        lanes = frozenset(lane.name for lane in LANES if lane.broker == "redis")
-        self.outages.append(Outage("restart", "redis-server", lanes, start, now_ms()))
+        self.restart("redis-server", "redis", self.redis.crash, self.redis.restart)
 
     def restart_rabbit(self) -> None:
-        start = now_ms()
-        self.rabbit.stop()
+        self.restart("rabbitmq-server", "rabbitmq", self.rabbit.stop, self.rabbit.start)
+
+    def restart(self, server: str, broker: str, stop: Callable[[], object], start: Callable[[], object]) -> None:
+        """Stop ``server``, start it again 1-3 s later; an outage of every lane on ``broker``."""
+        began = now_ms()
+        stop()
         time.sleep(self.rng.uniform(1.0, 3.0))
-        self.rabbit.start()
-        lanes = frozenset(lane.name for lane in LANES if lane.broker == "rabbitmq")
-        self.outages.append(Outage("restart", "rabbitmq-server", lanes, start, now_ms()))
+        start()
+        lanes = frozenset(lane.name for lane in LANES if lane.broker == broker)
+        self.outages.append(Outage("restart", server, lanes, began, now_ms()))
 
     def fail_over(self) -> None:
         start = now_ms()
@@ -416,7 +418,7 @@ class ChaosRun:
             for name, (sent, ran) in readers.items():
                 sent.poll()
                 ran.poll()
-                if name not in done and len({line.split(b" ", 1)[0] for line in ran.lines}) >= len(sent.lines):
+                if name not in done and len(ran.ids) >= len(sent.ids):
                     done.add(name)
             if len(done) == len(readers):
                 break
