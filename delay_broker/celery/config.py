@@ -62,6 +62,7 @@ class CeleryOptions:
     max_attempts: int = 5
     queues: tuple[str, ...] = ()
     revoke: bool = True
+    reliable_fetch: bool = True
     metrics_port: int | None = None
     shards: int | None = None
     replicas: int = 0
@@ -141,7 +142,7 @@ def parse_options(raw: object) -> CeleryOptions:
         )
     values: dict[str, Any] = {}
     for name, value in raw.items():
-        if name in ("enabled", "promoter", "revoke"):
+        if name in ("enabled", "promoter", "revoke", "reliable_fetch"):
             values[name] = _bool(name, value)
         elif name == "redis_url":
             values[name] = None if value is None else check_redis_url(value)

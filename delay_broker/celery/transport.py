@@ -22,7 +22,8 @@ from celery.signals import worker_init
 from kombu.transport import pyamqp as kombu_pyamqp
 from kombu.transport import redis as kombu_redis
 
-from .config import Kind, check_threshold, options_of
+from .config import CeleryOptions, Kind, check_threshold, options_of
+from .fetch import ReliableFetch
 from .messages import amqp_route, encode_amqp, encode_virtual, revoked_ids, task_info
 from .parking import Parker
 
@@ -42,11 +43,13 @@ class DelayBrokerTransport:
 
     delay_broker_kind: ClassVar[Kind]
     delay_broker: Parker | None
+    delay_broker_options: CeleryOptions
 
     def __init__(self, client: Any, **kwargs: Any) -> None:
         super().__init__(client, **kwargs)  # type: ignore[call-arg]
         options = options_of(client.transport_options)
         check_threshold(options, self.delay_broker_kind, client.transport_options)
+        self.delay_broker_options = options
         self.delay_broker = Parker.for_connection(options, self.delay_broker_kind, client) if options.enabled else None
 
 
@@ -100,7 +103,7 @@ class ParksRedisPuts(WatchesRevokes):
         return super()._put(queue, message, **kwargs)  # type: ignore[misc]
 
 
-class RedisChannel(ParksRedisPuts, kombu_redis.Channel):
+class RedisChannel(ReliableFetch, ParksRedisPuts, kombu_redis.Channel):
     pass
 
 
@@ -111,7 +114,7 @@ class RedisTransport(DelayBrokerTransport, kombu_redis.Transport):
     delay_broker_kind = "redis"
 
 
-class SentinelChannel(ParksRedisPuts, kombu_redis.SentinelChannel):
+class SentinelChannel(ReliableFetch, ParksRedisPuts, kombu_redis.SentinelChannel):
     pass
 
 
