@@ -129,7 +129,8 @@ class RabbitNode:
     def _accepts_logins(self) -> bool:
         assert self.process is not None
         if self.process.poll() is not None:
-            raise RuntimeError(f"rabbitmq-server exited with {self.process.returncode}; see {self.directory}/log")
+            console = (self.directory / "console.log").read_text(errors="replace")[-1500:]
+            raise RuntimeError(f"rabbitmq-server exited with {self.process.returncode}:\n{console}")
         if not port_open(self.port):
             return False
         import amqp

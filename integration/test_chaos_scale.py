@@ -26,11 +26,8 @@ def test_chaos_run_at_ci_scale_loses_nothing_and_duplicates_only_within_the_guar
     assert report.events["messages"] == sum(target["messages"] for target in report.targets) == scale.messages
     for target in report.targets:
         assert target["ok"], target
-        # A task kombu's Redis consumer drops after the hand-off (docs/reliability.md) is counted and named, but it
-        # is not the store's: everything else must have run.
-        assert target["lost"] == target["lost_after_handoff"], target["lost_where"]
-        if target["target"] != "celery-redis":
-            assert target["lost"] == 0, target["lost_where"]
+        # Celery included: our Redis transport's reliable fetch closes the gap where kombu's own fetch lost a task.
+        assert target["lost"] == 0, target["lost_where"]
         assert (target["early"], target["strangers"]) == (0, 0), target
         assert target["duplicated"] <= target["duplicate_bound"], target
         store = target["store"]

@@ -94,6 +94,9 @@ class Scale:
     """After every message ran, how long the run waits for a late duplicate."""
 
 
+START_ATTEMPTS = 3
+"""Starts of a restarted server before the run gives up."""
+
 SCALES = {
     # 3,000,000 messages sent over 60 min (833 a second: what 2 cores sustain with every fault on), delayed up to
     # 16 min (past SQS's 15-minute cap).
@@ -325,11 +328,23 @@ class ChaosRun:
         self.restart("rabbitmq-server", "rabbitmq", self.rabbit.stop, self.rabbit.start)
 
     def restart(self, server: str, broker: str, stop: Callable[[], object], start: Callable[[], object]) -> None:
-        """Stop ``server``, start it again 1-3 s later; an outage of every lane on ``broker``."""
+        """Stop ``server``, start it again 1-3 s later; an outage of every lane on ``broker``.
+
+        A start that fails is tried again: once in a dozen restarts or so, rabbitmq-server exits at once when started
+        right after it stopped. An hour-long run must not end on that.
+        """
         began = now_ms()
         stop()
         time.sleep(self.rng.uniform(1.0, 3.0))
-        start()
+        for attempt in range(1, START_ATTEMPTS + 1):
+            try:
+                start()
+                break
+            except RuntimeError as error:
+                if attempt == START_ATTEMPTS:
+                    raise
+                self.log(f"{server} did not start ({error}); trying again in 5 s")
+                time.sleep(5.0)
         lanes = frozenset(lane.name for lane in LANES if lane.broker == broker)
         self.outages.append(Outage("restart", server, lanes, began, now_ms()))
 
