@@ -72,8 +72,10 @@ def kill_at_delivery(server: EmbeddedRedis, transport: str, options: dict[str, A
     assert process.returncode == 9, process.stderr.decode()[-2000:]
 
 
-def receive_all(server: EmbeddedRedis, options: dict[str, Any], queue_name: str, seconds: float) -> list[str]:
-    """What a healthy consumer receives (and acknowledges) within ``seconds``, restores included."""
+def receive_all(
+    server: EmbeddedRedis, options: dict[str, Any], queue_name: str, expected: int, seconds: float
+) -> list[str]:
+    """What a healthy consumer receives (and acknowledges) once it has ``expected`` messages, restores included."""
     received: list[str] = []
 
     def on_message(body: Any, message: Any) -> None:
@@ -84,7 +86,9 @@ def receive_all(server: EmbeddedRedis, options: dict[str, Any], queue_name: str,
         queue = Queue(queue_name, Exchange(queue_name), queue_name)
         with connection.Consumer(queue, callbacks=[on_message]):
             channel = connection.default_channel
-            wait_for(lambda: _drain_and_restore(connection, channel) or bool(received), seconds, what="restored")
+            wait_for(
+                lambda: _drain_and_restore(connection, channel) or len(received) >= expected, seconds, what="restored"
+            )
             _drain_and_restore(connection, channel)
     return received
 
@@ -102,17 +106,18 @@ def unacked(server: EmbeddedRedis, options: dict[str, Any]) -> dict[bytes, bytes
 def test_a_worker_killed_after_the_fetch_loses_nothing(redis_server: EmbeddedRedis) -> None:
     unique = uuid.uuid4().hex[:10]
     options, queue_name = transport_options(unique), f"q-{unique}"
-    publish(redis_server, options, queue_name, "survives")
+    bodies = [f"survives-{n}" for n in range(3)]
+    for body in bodies:
+        publish(redis_server, options, queue_name, body)
 
     kill_at_delivery(redis_server, TRANSPORT, options, queue_name)
 
-    records = list(unacked(redis_server, options).values())
-    assert len(records) == 1, "the fetch records the task as unacknowledged before it leaves Redis"
-    message, exchange, routing_key = json.loads(records[0])
-    assert (exchange, routing_key) == (queue_name, queue_name)
-    assert _body(message) == "survives"
-    # After visibility_timeout (1 s) the restore gives it to a healthy consumer, once.
-    assert receive_all(redis_server, options, queue_name, 20) == ["survives"]
+    # One fetch took all three (the consumer had room for them) and recorded each before they left their list.
+    records = [json.loads(record) for record in unacked(redis_server, options).values()]
+    assert sorted(_body(message) for message, _, _ in records) == bodies
+    assert {(exchange, routing_key) for _, exchange, routing_key in records} == {(queue_name, queue_name)}
+    # After visibility_timeout (1 s) the restore gives them to a healthy consumer, once each.
+    assert sorted(receive_all(redis_server, options, queue_name, len(bodies), 20)) == bodies
     assert unacked(redis_server, options) == {}
 
 
