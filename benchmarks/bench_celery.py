@@ -254,6 +254,44 @@ def drain_rates(url: str, lts_url: str, count: int, rounds: int) -> dict[str, An
     }
 
 
+# -- worker fetch: reliable vs kombu's ---------------------------------------------------------------------------
+
+
+def fetch_rates(url: str, lts_url: str, count: int, rounds: int) -> dict[str, float]:
+    """Ready tasks a worker (8 threads) runs per second with our reliable fetch and with kombu's own ``BRPOP``.
+
+    ``count`` tasks without an eta are queued, then one worker drains them; the rate is taken between the first
+    and the last task start the probe recorded, so the worker's start-up is left out. Modes alternate per round.
+    """
+    rates: dict[str, list[float]] = {"reliable": [], "kombu": []}
+    for n in range(rounds):
+        for mode in ("reliable", "kombu") if n % 2 == 0 else ("kombu", "reliable"):
+            flush(url, lts_url)
+            env = {**env_for(url, lts_url, "ours"), "BENCH_RELIABLE_FETCH": "1" if mode == "reliable" else "0"}
+            app = make_app(env)
+            task = app.tasks["bench.probe"]
+            for _ in range(count):
+                task.apply_async(args=(0,))
+            client = redis.Redis.from_url(url)
+            worker = start_worker(env, f"fetch-{mode}")
+            records = env["BENCH_RECORDS"]
+            try:
+                wait_for(lambda c=client, k=records: c.llen(k) >= count, 600, f"{count} tasks run")
+            finally:
+                worker.stop()
+            starts = sorted(started for _, started in read_records(client, env["BENCH_RECORDS"]))
+            rates[mode].append((count - 1) / max((starts[-1] - starts[0]) / 1000.0, 1e-3))
+            client.close()
+            app.close()
+    flush(url, lts_url)
+    best = {mode: max(values) for mode, values in rates.items()}
+    return {
+        "celery_fetch_reliable_msgs_per_s": best["reliable"],
+        "celery_fetch_kombu_msgs_per_s": best["kombu"],
+        "celery_fetch_ratio": best["reliable"] / best["kombu"],
+    }
+
+
 # -- worker memory with ETA tasks ------------------------------------------------------------------------------------
 
 

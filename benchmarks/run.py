@@ -410,6 +410,14 @@ def run_competitor(report: Report, s: Sizes, env: dict[str, Any]) -> None:
         "celery_park_ratio_vs_lts",
         park["celery_park_ours_us"] / park["celery_park_lts_us"],
     )
+    fetch = bench_celery.fetch_rates(url, lts_url, s.celery_park, 2)
+    report.add(
+        f"9. Celery worker runs {s.celery_park:,} ready tasks, msgs/s: reliable fetch vs kombu's",
+        fetch["celery_fetch_reliable_msgs_per_s"],
+        fetch["celery_fetch_kombu_msgs_per_s"],
+        "celery_fetch_ratio",
+        fetch["celery_fetch_ratio"],
+    )
     drain = bench_celery.drain_rates(url, lts_url, s.celery_drain, 2)
     report.add(
         f"9. Celery drain {s.celery_drain:,} due, msgs/s: ours vs lts",

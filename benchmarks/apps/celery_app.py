@@ -9,6 +9,7 @@ Environment:
   BENCH_RECORDS     list the probe RPUSHes "due_ms,started_ms" to
   BENCH_PROMOTER    list the promoter's lateness figures (JSON) are RPUSHed to when the worker stops
   BENCH_LTS_URL     celery-longterm-scheduler's storage (redis://.../1)
+  BENCH_RELIABLE_FETCH  "0": mode "ours" with kombu's own fetch (``reliable_fetch=False``); default "1"
 """
 
 from __future__ import annotations
@@ -64,7 +65,10 @@ def make_app(env: Mapping[str, str]) -> Celery:
     if mode == "ours":
         # Threshold 0: every task with an eta in the future is parked. The stock PromoterStep is turned off
         # (promoter=False) and ProbePromoterStep runs the same promoter, keeping its figures.
-        delay_broker.celery.install(app, threshold=0, namespace=env["BENCH_NS"], promoter=False)
+        reliable = env.get("BENCH_RELIABLE_FETCH", "1") == "1"
+        delay_broker.celery.install(
+            app, threshold=0, namespace=env["BENCH_NS"], promoter=False, reliable_fetch=reliable
+        )
         app.steps["worker"].add(ProbePromoterStep)
     elif mode == "lts":
         app.conf.longterm_scheduler_backend = env["BENCH_LTS_URL"]
