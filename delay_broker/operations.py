@@ -5,7 +5,9 @@ time, lease deadline, time of death), and optionally a queue, an actor or task n
 to find in the decoded message. Finding is a bounded scan: ``find.lua`` examines at most a few thousand entries
 of one shard per call, in index order, and applies the structural filters in Redis; the text filter runs here,
 on the decoded payloads of what matched. Pages carry a cursor (per shard: where its scan stands), so the next
-page goes on from there and a page costs the same at the start of a million messages as anywhere else.
+page goes on from there and a page costs the same at the start of a million messages as anywhere else. With a
+far tier, parked messages are also looked for in its table, one more source after the shards: PostgreSQL
+applies the window and the structural filters, the text filter runs here as for Redis.
 
 Bulk actions (cancel, run now, reschedule, requeue dead, purge dead) take ids or a filter; a filter is first
 turned into ids (a full scan, in chunks), then acted on in server-side batches of up to 1,000 ids per script
@@ -123,7 +125,7 @@ class Operations:
         examines at most ``max_scan`` entries; a page that stops there has fewer messages and a cursor to go on."""
         if not 0 < limit <= MAX_BATCH:
             raise ValueError(f"limit must be 1..{MAX_BATCH}")
-        shards = len(self.store.shards)
+        shards = self._sources(filter)
         offsets = _cursor(cursor, shards)
         found: list[list[tuple[int, MessageInfo]]] = []
         examined = 0
@@ -170,7 +172,7 @@ class Operations:
         """How many messages match (a full scan in bounded calls, up to ``max_scan`` entries per shard)."""
         matched = examined = 0
         complete = True
-        for shard in range(len(self.store.shards)):
+        for shard in range(self._sources(filter)):
             offset, shard_examined = 0, 0
             while True:
                 matches, seen, exhausted = self._scan(filter, shard, offset, MAX_BATCH, max_scan=SCAN_PER_CALL)
@@ -187,7 +189,7 @@ class Operations:
 
     def matches(self, filter: MessageFilter) -> Iterator[MessageInfo]:
         """Every matching message, shard by shard (a full scan in bounded calls)."""
-        for shard in range(len(self.store.shards)):
+        for shard in range(self._sources(filter)):
             offset = 0
             while True:
                 found, seen, exhausted = self._scan(filter, shard, offset, MAX_BATCH, max_scan=SCAN_PER_CALL)
@@ -197,12 +199,19 @@ class Operations:
                 if exhausted:
                     break
 
+    def _sources(self, filter: MessageFilter) -> int:
+        """Where messages of ``filter.state`` are: every shard, and for parked messages the far tier's table."""
+        far = filter.state == "due" and self.store.far_tier is not None
+        return len(self.store.shards) + far
+
     def _scan(
         self, filter: MessageFilter, shard: int, offset: int, limit: int, *, max_scan: int = MAX_SCAN
     ) -> tuple[list[tuple[int, MessageInfo]], int, bool]:
-        """Matches of one shard from ``offset``: at least ``limit`` of them unless the window or ``max_scan``
-        ends first (a text filter may bring a few more). Returns the matches with their offsets, the entries
-        examined, and whether the window is exhausted."""
+        """Matches of one shard (or the far tier, after the shards) from ``offset``: at least ``limit`` of them
+        unless the window or ``max_scan`` ends first (a text filter may bring a few more). Returns the matches
+        with their offsets, the entries examined, and whether the window is exhausted."""
+        if shard == len(self.store.shards):
+            return self._scan_far(filter, offset, limit, max_scan)
         found: list[tuple[int, MessageInfo]] = []
         examined = 0
         while len(found) < limit and examined < max_scan:
@@ -227,6 +236,29 @@ class Operations:
                 return found, examined, True
             if reply.examined == 0:
                 break
+        return found, examined, False
+
+    def _scan_far(
+        self, filter: MessageFilter, offset: int, limit: int, max_scan: int
+    ) -> tuple[list[tuple[int, MessageInfo]], int, bool]:
+        """:meth:`_scan` of the far tier: its offsets count rows matching the structural filters."""
+        found: list[tuple[int, MessageInfo]] = []
+        examined = 0
+        while len(found) < limit and examined < max_scan:
+            size = MAX_BATCH if filter.text else min(MAX_BATCH, limit - len(found))
+            infos = self.store.far_page(
+                start_ms=filter.start_ms,
+                end_ms=filter.end_ms,
+                offset=offset + examined,
+                count=size,
+                queue=filter.queue,
+                task=filter.task,
+                id_prefix=filter.id_prefix,
+            )
+            found += [(offset + examined + n, info) for n, info in enumerate(infos) if filter.matches_text(info)]
+            examined += len(infos)
+            if len(infos) < size:
+                return found, examined, True
         return found, examined, False
 
     def _sort_key(self, info: MessageInfo) -> tuple[int, str]:

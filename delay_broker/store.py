@@ -955,6 +955,25 @@ class DelayStore:
         matches = [(int(reply[n]), _listed(state, *reply[n + 1 : n + 6])[1]) for n in range(2, len(reply), 6)]
         return IndexScan(int(reply[0]), bool(int(reply[1])), matches)
 
+    def far_page(
+        self,
+        *,
+        start_ms: int | None = None,
+        end_ms: int | None = None,
+        offset: int = 0,
+        count: int = MAX_BATCH,
+        queue: str | None = None,
+        task: str | None = None,
+        id_prefix: str | None = None,
+    ) -> list[MessageInfo]:
+        """Messages of the far tier by due time within ``start_ms``..``end_ms``, of ``queue`` (the envelope's
+        route), ``task`` and ``id_prefix``, filtered by PostgreSQL; ``offset`` counts what matches. Empty without
+        a tier. See :mod:`delay_broker.operations`."""
+        if self._far is None:
+            return []
+        rows = self._far.page(start_ms, end_ms, offset, count, route=queue, name=task, id_prefix=id_prefix)
+        return [self._far_info(row) for row in rows]
+
     def promotion_lateness(self) -> list[tuple[str, int]]:
         """Messages promoted so far, store-wide, by how late (ms after their due time): ``("10", n)`` for under
         10 ms, then 100, 1000, 10000, 60000 and ``"more"`` (counted by the promote and ack scripts)."""

@@ -20,13 +20,14 @@ from celery import Celery
 from dramatiq.brokers.stub import StubBroker
 from playwright.sync_api import Browser, Page, sync_playwright
 
-from delay_broker import DelayStore
+from delay_broker import DelayStore, Envelope
 from delay_broker.celery import install
 from delay_broker.dramatiq import DelayMiddleware
 from delay_broker.embedded import EmbeddedRedis, free_port
 from delay_broker.web import create_app
 
 from .browser import launch
+from .servers import PostgresServer
 
 
 @dataclass
@@ -188,3 +189,27 @@ def test_a_write_without_the_csrf_token_is_refused(dashboards) -> None:
     with pytest.raises(urllib.error.HTTPError) as refused:
         urllib.request.urlopen(request, timeout=10)
     assert refused.value.code == 403 and served.store.stats().parked == parked
+
+
+def test_messages_in_the_far_tier_are_listed_and_searched_with_the_rest(
+    redis_server: EmbeddedRedis, postgres: PostgresServer, page: Page
+) -> None:
+    """A store with a far tier (PostgreSQL): the message list merges both tiers by due time, and a filter finds
+    rows as it finds Redis entries."""
+    store = DelayStore(redis_server.client(), namespace=f"webfar-{uuid.uuid4().hex[:8]}", far_tier=postgres.url)
+    store.park("soon-ann", Envelope("emails", b'{"args": ["ann"]}', name="send_welcome"), delay=60)
+    store.park("later-ann", Envelope("emails", b'{"args": ["ann"]}', name="send_welcome"), delay=30 * 86400)
+    store.park("later-bob", Envelope("emails", b'{"args": ["bob"]}', name="send_welcome"), delay=40 * 86400)
+    assert store.stats().far == 2
+    url, server, thread = serve(create_app(store))
+    try:
+        page.goto(url + "/messages?state=due")
+        assert listed_ids(page) == ["soon-ann", "later-ann", "later-bob"]
+        page.goto(url + "/messages?" + urllib.parse.urlencode({"state": "due", "text": "ann"}))
+        assert listed_ids(page) == ["soon-ann", "later-ann"]
+        page.goto(url + "/messages?" + urllib.parse.urlencode({"state": "due", "from": "+7d", "task": "send_welcome"}))
+        assert listed_ids(page) == ["later-ann", "later-bob"]
+    finally:
+        server.should_exit = True
+        thread.join(10)
+        assert store.cancel_many(["soon-ann", "later-ann", "later-bob"]) == 3

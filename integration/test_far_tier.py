@@ -19,6 +19,7 @@ from delay_broker.deliverers import DirectLists
 from delay_broker.embedded import EmbeddedRedis
 from delay_broker.errors import FarTierUnavailable, InvalidDelay, StoreError
 from delay_broker.far import FarRow, FarTier
+from delay_broker.operations import MessageFilter, Operations
 from tests.helpers import wait_for as shared_wait_for
 
 from .servers import PostgresServer
@@ -67,6 +68,40 @@ def test_a_far_message_costs_redis_nothing_and_is_seen_in_both_tiers(tiered: Any
     assert [m.id for m in store.iter_all()] == ["near", "far"]
     stats = store.stats()
     assert (stats.parked, stats.far, stats.histogram[:2]) == (2, 1, [1, 1])
+
+
+def test_find_and_filtered_actions_see_far_rows_as_parked_messages(tiered: Any) -> None:
+    """What the dashboard and ``delay-broker ls`` use: filters, text search, pages and bulk actions reach rows."""
+    store, client, _ = tiered
+    store.park("near-a", Envelope("mail", b'{"to": "ann"}', name="send"), delay=60)
+    store.park("far-a", Envelope("mail", b'{"to": "ann"}', name="send"), delay=3600)
+    store.park("far-b", Envelope("mail", b'{"to": "bob"}', name="send"), delay=7200)
+    store.park("far-c", Envelope("reports", b'{"to": "ann"}', name="build"), delay=9000)
+    operations = Operations(store)
+
+    def ids(**fields: Any) -> list[str]:
+        return [message.id for message in operations.find(MessageFilter(**fields)).messages]
+
+    assert ids() == ["near-a", "far-a", "far-b", "far-c"]  # by due time, Redis and the table merged
+    assert ids(queue="mail", task="send") == ["near-a", "far-a", "far-b"]
+    assert ids(text="ANN") == ["near-a", "far-a", "far-c"]
+    assert ids(id_prefix="far-", queue="mail", text="bob") == ["far-b"]
+    assert ids(start_ms=store.get("far-b").due_ms) == ["far-b", "far-c"]  # type: ignore[union-attr]
+    assert ids(state="dead") == []  # the tier holds parked messages only
+
+    pages, cursor = [], None
+    while True:  # one message a page: the cursor goes on in each source, the table included
+        page = operations.find(MessageFilter(text="ann"), cursor=cursor, limit=1)
+        pages += [message.id for message in page.messages]
+        if (cursor := page.cursor) is None:
+            break
+    assert pages == ["near-a", "far-a", "far-c"]
+    assert operations.count(MessageFilter(queue="mail")).matched == 3
+
+    result = operations.cancel(filter=MessageFilter(queue="mail", text="ann"))
+    assert (result.matched, result.done) == (2, 2)
+    assert ids() == ["far-b", "far-c"]
+    assert redis_holds(client, store) == (0, 0)
 
 
 def test_rows_come_into_redis_within_the_horizon_and_run_once_after_due(tiered: Any) -> None:
