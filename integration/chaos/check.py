@@ -146,7 +146,8 @@ class LaneFigures:
                 "lost": self.lost[:50],
                 "early": self.early[:50],
                 "strangers": self.strangers[:50],
-                **{f"duplicated_{cause}": ids[:50] for cause, ids in self.duplicates.items() if ids},
+                # Every duplicate by id, however many: at least once is judged on them.
+                **{f"duplicated_{cause}": ids for cause, ids in self.duplicates.items() if ids},
             },
             "ok": self.ok(),
         }
