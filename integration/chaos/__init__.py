@@ -1,6 +1,6 @@
 """Chaos at scale: millions of parked messages, real workers, hundreds of SIGKILLs, restarts and failovers.
 
-    python -m integration.chaos --scale full     # 3,000,000 messages, 330 kills (over 90 min on 2 cores so far)
+    python -m integration.chaos --scale full     # 3,000,000 messages, 330 kills (86 min on 2 cores)
     python -m integration.chaos --scale tenth    # 300,000 messages, 60 kills (about 17 minutes)
     python -m integration.chaos --scale ci       # the same run, small (a few minutes; CI runs it)
 
