@@ -210,24 +210,35 @@ class Operations:
         """Matches of one shard (or the far tier, after the shards) from ``offset``: at least ``limit`` of them
         unless the window or ``max_scan`` ends first (a text filter may bring a few more). Returns the matches
         with their offsets, the entries examined, and whether the window is exhausted."""
-        if shard == len(self.store.shards):
-            return self._scan_far(filter, offset, limit, max_scan)
         found: list[tuple[int, MessageInfo]] = []
         examined = 0
         while len(found) < limit and examined < max_scan:
-            reply = self.store.scan_index(
-                filter.state,
-                shard,
-                min_score=_score_bound(filter, "start"),
-                max_score=_score_bound(filter, "end"),
-                offset=offset + examined,
-                scan=min(SCAN_PER_CALL, max_scan - examined),
-                # With a text filter most structural matches fail it: take whole chunks, not a page at a time.
-                limit=MAX_BATCH if filter.text else limit - len(found),
-                queue=filter.queue,
-                task=filter.task,
-                id_prefix=filter.id_prefix,
-            )
+            # With a text filter most structural matches fail it: take whole chunks, not a page at a time.
+            wanted = MAX_BATCH if filter.text else limit - len(found)
+            scan = min(SCAN_PER_CALL, max_scan - examined)
+            if shard == len(self.store.shards):
+                reply = self.store.scan_far(
+                    start_ms=filter.start_ms,
+                    end_ms=filter.end_ms,
+                    offset=offset + examined,
+                    scan=min(scan, wanted),  # every row the table returns matches the structural filters
+                    queue=filter.queue,
+                    task=filter.task,
+                    id_prefix=filter.id_prefix,
+                )
+            else:
+                reply = self.store.scan_index(
+                    filter.state,
+                    shard,
+                    min_score=_score_bound(filter, "start"),
+                    max_score=_score_bound(filter, "end"),
+                    offset=offset + examined,
+                    scan=scan,
+                    limit=wanted,
+                    queue=filter.queue,
+                    task=filter.task,
+                    id_prefix=filter.id_prefix,
+                )
             examined += reply.examined
             for position, info in reply.matches:
                 if filter.matches_text(info):
@@ -236,29 +247,6 @@ class Operations:
                 return found, examined, True
             if reply.examined == 0:
                 break
-        return found, examined, False
-
-    def _scan_far(
-        self, filter: MessageFilter, offset: int, limit: int, max_scan: int
-    ) -> tuple[list[tuple[int, MessageInfo]], int, bool]:
-        """:meth:`_scan` of the far tier: its offsets count rows matching the structural filters."""
-        found: list[tuple[int, MessageInfo]] = []
-        examined = 0
-        while len(found) < limit and examined < max_scan:
-            size = MAX_BATCH if filter.text else min(MAX_BATCH, limit - len(found))
-            infos = self.store.far_page(
-                start_ms=filter.start_ms,
-                end_ms=filter.end_ms,
-                offset=offset + examined,
-                count=size,
-                queue=filter.queue,
-                task=filter.task,
-                id_prefix=filter.id_prefix,
-            )
-            found += [(offset + examined + n, info) for n, info in enumerate(infos) if filter.matches_text(info)]
-            examined += len(infos)
-            if len(infos) < size:
-                return found, examined, True
         return found, examined, False
 
     def _sort_key(self, info: MessageInfo) -> tuple[int, str]:

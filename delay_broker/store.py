@@ -955,24 +955,26 @@ class DelayStore:
         matches = [(int(reply[n]), _listed(state, *reply[n + 1 : n + 6])[1]) for n in range(2, len(reply), 6)]
         return IndexScan(int(reply[0]), bool(int(reply[1])), matches)
 
-    def far_page(
+    def scan_far(
         self,
         *,
-        start_ms: int | None = None,
-        end_ms: int | None = None,
-        offset: int = 0,
-        count: int = MAX_BATCH,
+        start_ms: int | None,
+        end_ms: int | None,
+        offset: int,
+        scan: int,
         queue: str | None = None,
         task: str | None = None,
         id_prefix: str | None = None,
-    ) -> list[MessageInfo]:
-        """Messages of the far tier by due time within ``start_ms``..``end_ms``, of ``queue`` (the envelope's
-        route), ``task`` and ``id_prefix``, filtered by PostgreSQL; ``offset`` counts what matches. Empty without
-        a tier. See :mod:`delay_broker.operations`."""
+    ) -> IndexScan:
+        """:meth:`scan_index` of the far tier: rows by due time within ``start_ms``..``end_ms`` of ``queue`` (the
+        envelope's route), ``task`` and ``id_prefix``, filtered by PostgreSQL, so offsets count matching rows and
+        every row examined matches. Exhausted at once without a tier."""
         if self._far is None:
-            return []
+            return IndexScan(0, True, [])
+        count = min(scan, MAX_BATCH)
         rows = self._far.page(start_ms, end_ms, offset, count, route=queue, name=task, id_prefix=id_prefix)
-        return [self._far_info(row) for row in rows]
+        matches = [(offset + n, self._far_info(row)) for n, row in enumerate(rows)]
+        return IndexScan(len(rows), len(rows) < count, matches)
 
     def promotion_lateness(self) -> list[tuple[str, int]]:
         """Messages promoted so far, store-wide, by how late (ms after their due time): ``("10", n)`` for under
