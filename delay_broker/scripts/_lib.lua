@@ -199,6 +199,25 @@ local function wrong_type(...)
     return nil
 end
 
+-- next_seq in one call, for the hot path: `count` consecutive sequence numbers, or nil and the refusal to
+-- return (a key of the wrong type named; a non-integer counter as current_seq says it; any other refusal of
+-- the server's, such as OOM or NOREPLICAS, as Redis said it). Must be the script's first write.
+local function take_seq(seq_key, count)
+    local reply = redis.pcall('INCRBY', seq_key, count)
+    if type(reply) ~= 'table' then
+        return reply - count, nil
+    end
+    local problem = wrong_type(seq_key, 'string')
+    if problem then
+        return nil, problem
+    end
+    if string.find(reply['err'], 'not an integer', 1, true) then
+        return nil, redis.error_reply('ERR key ' .. seq_key .. ' is not an integer counter: nothing was changed; '
+            .. 'delete it to let delay_broker go on')
+    end
+    return nil, reply
+end
+
 -- Promotion lateness, store-wide and all time: how many messages were promoted how late (ms after their due
 -- time), in buckets named by their upper edge ('10' = under 10 ms, ..., 'more'). Must equal
 -- delay_broker.store.LATENESS_EDGES_MS.

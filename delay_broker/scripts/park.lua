@@ -69,7 +69,6 @@ end
 -- the culprit. The keys that are only written get a TYPE check each, and only when they are about to be.
 local held, head, tokens, moved
 local read_ok, read_error = pcall(function()
-    current_seq(SEQ)
     held = {}
     moved = {}
     if adopting then
@@ -81,10 +80,16 @@ local read_ok, read_error = pcall(function()
     end
     for n = 1, count do
         local id = ARGV[FIRST_GROUP + (n - 1) * 4]
-        local existing = redis.call('ZSCORE', DUE, id)
-        if existing then
-            held[n] = due_of(existing)
-        elseif redis.call('ZSCORE', INFLIGHT, id) or redis.call('ZSCORE', DEAD, id) then
+        -- A new id costs two lookups: every parked, leased or dead message has its envelope in MSG, except a
+        -- dead letter whose envelope had gone missing.
+        if redis.call('HEXISTS', MSG, id) == 1 then
+            local existing = redis.call('ZSCORE', DUE, id)
+            if existing then
+                held[n] = due_of(existing)
+            elseif redis.call('ZSCORE', INFLIGHT, id) or redis.call('ZSCORE', DEAD, id) then
+                held[n] = -1
+            end
+        elseif redis.call('ZSCORE', DEAD, id) then
             held[n] = -1
         end
     end
@@ -92,7 +97,7 @@ local read_ok, read_error = pcall(function()
 end)
 if not read_ok then
     -- A key of the wrong type, named; else the refusal as raised (current_seq's is a plain string).
-    return wrong_type(DUE, 'zset', INFLIGHT, 'zset', DEAD, 'zset', SEQ, 'string', MOVED, 'zset')
+    return wrong_type(MSG, 'hash', DUE, 'zset', INFLIGHT, 'zset', DEAD, 'zset', MOVED, 'zset')
         or redis.error_reply(type(read_error) == 'table' and tostring(read_error.err) or tostring(read_error))
 end
 
@@ -133,19 +138,29 @@ for n = 1, count do
     end
 end
 local woke = (earliest and (not head or earliest < head)) and 1 or 0
+local seq = 0
 if writing > 0 then
-    local problem = wrong_type(MSG, 'hash', STATS, 'hash')
-        or (woke == 1 and wrong_type(WAKE, 'list'))
+    -- MSG and DUE were read above, which checked their types. The keys only written are checked here, the
+    -- rare ones with TYPE; SEQ and STATS by their first write, which comes before any other: a refusal there
+    -- leaves every message as it was (at most the FIFO counter has moved on, which orders nothing).
+    local problem = (woke == 1 and wrong_type(WAKE, 'list'))
         or (replacing and wrong_type(LEASED, 'hash', ATTEMPTS, 'hash', ERRORS, 'hash'))
     if problem then
         return problem
+    end
+    seq, problem = take_seq(SEQ, count)
+    if problem then
+        return problem
+    end
+    local counted = redis.pcall('HINCRBY', STATS, 'parked', writing)
+    if type(counted) == 'table' then
+        return wrong_type(STATS, 'hash') or counted
     end
 end
 
 if schedule ~= '' then
     redis.call('HSET', CRON, schedule, dues[1])
 end
-local seq = writing > 0 and redis.call('INCRBY', SEQ, count) - count or 0
 local result = {}
 local delivered = 0
 for n = 1, count do
@@ -180,9 +195,6 @@ if adopting then
             redis.call('ZADD', MOVED, now, tokens[n])
         end
     end
-end
-if writing > 0 then
-    redis.call('HINCRBY', STATS, 'parked', writing)
 end
 if delivered > 0 then
     redis.call('HINCRBY', STATS, 'promoted', delivered)
