@@ -160,9 +160,12 @@ class FarTable:
                 rows = [FarRow(id, due, token, bytes(record)) for id, due, token, record in found]
                 if rows:
                     adopt(rows)
+                    # By primary key: the token has no index of its own, and a DELETE by token alone read every
+                    # row of the namespace, each batch (50,000 rows swept at 1,300-2,600/s instead of 25,000/s).
+                    # The rows are locked, so their tokens are the ones read; checking them costs nothing.
                     connection.execute(
-                        f"DELETE FROM {self.table} WHERE namespace = %s AND token = ANY(%s)",
-                        (self.namespace, [row.token for row in rows]),
+                        f"DELETE FROM {self.table} WHERE namespace = %s AND id = ANY(%s) AND token = ANY(%s)",
+                        (self.namespace, [row.id for row in rows], [row.token for row in rows]),
                     )
         return rows
 
