@@ -100,53 +100,66 @@ local function wake_one(wake_key)
 end
 
 local find, sub, byte, decode = string.find, string.sub, string.byte, cjson.decode
-local UUID_TEXT = '%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x'
+local TRUNCATED = 'malformed envelope: truncated header'
+
+-- The canonical text of the 16-byte UUID at `at`. bit.tohex of each 16-bit group costs a fifth of one
+-- string.format of sixteen bytes, which made the binary header slower to read than the JSON one.
+local function uuid_text(envelope, at)
+    local a, b, c, d, e, f, g, h, i, j, k, l, m, n, o, p = byte(envelope, at, at + 15)
+    local hex = bit.tohex
+    return hex(a * 256 + b, 4) .. hex(c * 256 + d, 4) .. '-' .. hex(e * 256 + f, 4) .. '-' .. hex(g * 256 + h, 4)
+        .. '-' .. hex(i * 256 + j, 4) .. '-' .. hex(k * 256 + l, 4) .. hex(m * 256 + n, 4) .. hex(o * 256 + p, 4)
+end
+
+-- The text of a length-prefixed field at `at` (length in `width` bytes, 1 or 2) and the position after it, or
+-- nil when the envelope ends first. A plain function, not a closure: it runs for every message of a batch.
+local function field_text(envelope, at, width, size)
+    local length = byte(envelope, at)
+    if width == 2 then
+        local low = byte(envelope, at + 1)
+        length = length and low and length * 256 + low
+    end
+    local stop = length and at + width + length - 1
+    if not stop or stop > size then
+        return nil, at
+    end
+    return sub(envelope, at + width, stop), stop + 1
+end
 
 -- A version 2 (binary) header; see delay_broker/envelope.py for the layout. Returns the header table, the
 -- payload, or nil and a reason.
 local function open_binary(envelope)
     local size = #envelope
     if size < 9 then
-        return nil, nil, 'malformed envelope: truncated header'
+        return nil, nil, TRUNCATED
     end
     local flags = byte(envelope, 2)
-    local at = 9
-    local function text(width)
-        local length = byte(envelope, at)
-        if width == 2 then
-            length = length and byte(envelope, at + 1) and length * 256 + byte(envelope, at + 1)
-        end
-        if not length or at + width + length - 1 > size then
-            return nil
-        end
-        local value = sub(envelope, at + width, at + width + length - 1)
-        at = at + width + length
-        return value
-    end
-    local truncated = 'malformed envelope: truncated header'
     local header = {v = 2}
-    header.f = text(1)
-    header.r = header.f and text(2)
-    if not header.r then
-        return nil, nil, truncated
+    local at
+    header.f, at = field_text(envelope, 9, 1, size)
+    if header.f then
+        header.r, at = field_text(envelope, at, 2, size)
     end
-    if bit.band(flags, 1) ~= 0 then
-        header.n = text(2)
+    if not header.r then
+        return nil, nil, TRUNCATED
+    end
+    if flags % 2 == 1 then
+        header.n, at = field_text(envelope, at, 2, size)
         if not header.n then
-            return nil, nil, truncated
+            return nil, nil, TRUNCATED
         end
     end
     if bit.band(flags, 2) ~= 0 then
         if bit.band(flags, 4) ~= 0 then
             if at + 15 > size then
-                return nil, nil, truncated
+                return nil, nil, TRUNCATED
             end
-            header.h = string.format(UUID_TEXT, byte(envelope, at, at + 15))
+            header.h = uuid_text(envelope, at)
             at = at + 16
         else
-            header.h = text(2)
+            header.h, at = field_text(envelope, at, 2, size)
             if not header.h then
-                return nil, nil, truncated
+                return nil, nil, TRUNCATED
             end
         end
     end
@@ -154,7 +167,7 @@ local function open_binary(envelope)
         local a, b, c, d = byte(envelope, at, at + 3)
         local length = d and ((a * 256 + b) * 256 + c) * 256 + d
         if not length or at + 3 + length > size then
-            return nil, nil, truncated
+            return nil, nil, TRUNCATED
         end
         local ok, extras = pcall(decode, sub(envelope, at + 4, at + 3 + length))
         if not ok or type(extras) ~= 'table' then
@@ -224,18 +237,20 @@ end
 local LATENESS_EDGES = {10, 100, 1000, 10000, 60000}
 
 local function count_lateness(lateness_key, values)
+    -- Counted per bucket position, named once at the end: a name per message made a string per message.
+    local edges, buckets = LATENESS_EDGES, #LATENESS_EDGES
     local counts = {}
     for _, value in ipairs(values) do
-        local bucket = 'more'
-        for _, edge in ipairs(LATENESS_EDGES) do
-            if value < edge then
-                bucket = tostring(edge)
+        local bucket = buckets + 1
+        for position = 1, buckets do
+            if value < edges[position] then
+                bucket = position
                 break
             end
         end
         counts[bucket] = (counts[bucket] or 0) + 1
     end
     for bucket, count in pairs(counts) do
-        redis.call('HINCRBY', lateness_key, bucket, count)
+        redis.call('HINCRBY', lateness_key, bucket > buckets and 'more' or tostring(edges[bucket]), count)
     end
 end

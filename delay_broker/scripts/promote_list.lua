@@ -115,12 +115,17 @@ if ready > 0 then
                 promoted = promoted + 1
                 lateness[promoted] = now - due_of(due[n * 2])
                 local name = type(header.n) == 'string' and header.n or ''
-                local key = header.r .. '\0' .. name
-                local group_index = counted[key]
+                -- Looked up route then name, not by a joined key: a key string per message costs a batch.
+                local of_route = counted[header.r]
+                if not of_route then
+                    of_route = {}
+                    counted[header.r] = of_route
+                end
+                local group_index = of_route[name]
                 if not group_index then
                     by_task[#by_task + 1] = {header.r, name, 0}
                     group_index = #by_task
-                    counted[key] = group_index
+                    of_route[name] = group_index
                 end
                 by_task[group_index][3] = by_task[group_index][3] + 1
                 local carrier = type(header.x) == 'table' and header.x.otel
