@@ -33,8 +33,10 @@ from kombu.utils import json as kombu_json
 FETCH_SOURCE = resources.files(__package__).joinpath("fetch.lua").read_text(encoding="utf-8")
 FETCH_SHA = hashlib.sha1(FETCH_SOURCE.encode()).hexdigest()
 
-FETCH_BATCH = 32
-"""Most tasks one fetch takes (Celery's prefetch is concurrency x 4: a worker of 8 threads has room for 32)."""
+FETCH_BATCH = 4
+"""Most tasks one fetch takes. A fetch hands its tasks to the worker in one stretch of Python, holding the GIL: at 32
+(the prefetch of 8 threads) a promoter thread in the same busy worker promoted 190-280 ms late at p99 instead of
+5 ms, for 1.6x kombu's fetch rate instead of 1.4x (``python -m benchmarks --only lateness``; ``fetch_rates``)."""
 
 _kombu_loads: Callable[[str], Any] = kombu_json.loads
 _redis_execute: Callable[..., Any] = redis.Redis.execute_command
