@@ -111,19 +111,15 @@ local function uuid_text(envelope, at)
         .. '-' .. hex(i * 256 + j, 4) .. '-' .. hex(k * 256 + l, 4) .. hex(m * 256 + n, 4) .. hex(o * 256 + p, 4)
 end
 
--- The text of a length-prefixed field at `at` (length in `width` bytes, 1 or 2) and the position after it, or
--- nil when the envelope ends first. A plain function, not a closure: it runs for every message of a batch.
-local function field_text(envelope, at, width, size)
-    local length = byte(envelope, at)
-    if width == 2 then
-        local low = byte(envelope, at + 1)
-        length = length and low and length * 256 + low
-    end
-    local stop = length and at + width + length - 1
+-- The text of a field at `at` (a u16 length, then the bytes) and the position after it, or nil when the
+-- envelope ends first. A plain function, not a closure: it runs for every message of a batch.
+local function field_text(envelope, at, size)
+    local high, low = byte(envelope, at, at + 1)
+    local stop = low and at + 1 + high * 256 + low
     if not stop or stop > size then
         return nil, at
     end
-    return sub(envelope, at + width, stop), stop + 1
+    return sub(envelope, at + 2, stop), stop + 1
 end
 
 -- A version 2 (binary) header; see delay_broker/envelope.py for the layout. Returns the header table (without
@@ -135,13 +131,13 @@ local function open_binary(envelope)
     end
     local flags = byte(envelope, 2)
     -- The framework is skipped, not read: no script uses it, and a string per message costs a batch.
-    local route, at = field_text(envelope, 10 + byte(envelope, 9), 2, size)
+    local route, at = field_text(envelope, 10 + byte(envelope, 9), size)
     if not route then
         return nil, nil, TRUNCATED
     end
     local header = {v = 2, r = route}
     if flags % 2 == 1 then
-        header.n, at = field_text(envelope, at, 2, size)
+        header.n, at = field_text(envelope, at, size)
         if not header.n then
             return nil, nil, TRUNCATED
         end
@@ -154,7 +150,7 @@ local function open_binary(envelope)
             header.h = uuid_text(envelope, at)
             at = at + 16
         else
-            header.h, at = field_text(envelope, at, 2, size)
+            header.h, at = field_text(envelope, at, size)
             if not header.h then
                 return nil, nil, TRUNCATED
             end
