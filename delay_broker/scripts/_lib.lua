@@ -21,26 +21,6 @@ local function due_limit(ms)
     return ms * FIFO_SLOTS + FIFO_SLOTS - 1
 end
 
--- The FIFO counter's value, refused with nothing changed when it is not an integer. The refusal is a plain
--- string (Redis 6.2 cannot report an error table raised with error()), at level 0 (no position in front).
-local function current_seq(seq_key)
-    local current = redis.call('GET', seq_key)
-    if current and not string.match(current, '^%-?%d+$') then
-        error('ERR key ' .. seq_key .. ' is not an integer counter: nothing was changed; delete it to let '
-            .. 'delay_broker go on', 0)
-    end
-    return current
-end
-
--- `count` consecutive scores for messages due at the given times, in park order.
--- Every script takes its numbers before its first write, so a corrupt counter stops it with nothing changed.
--- A refusal of the server's own (OOM, NOREPLICAS, READONLY) is raised by INCRBY as Redis said it, untouched:
--- no pcall, whose error table Redis 6.2 and 7 shape differently.
-local function next_seq(seq_key, count)
-    current_seq(seq_key)
-    return redis.call('INCRBY', seq_key, count) - count
-end
-
 -- Milliseconds as seconds for error messages: whole seconds without a fraction, else to the millisecond.
 local function seconds_text(ms)
     if ms % 1000 == 0 then
@@ -205,10 +185,11 @@ local function wrong_type(...)
     return nil
 end
 
--- next_seq in one call, for the hot path: `count` consecutive sequence numbers, or nil and the refusal to
--- return (a key of the wrong type named; a non-integer counter as current_seq says it; any other refusal of
--- the server's, such as OOM or NOREPLICAS, as Redis said it). Must be the script's first write.
-local function take_seq(seq_key, count)
+-- `count` consecutive FIFO sequence numbers (see score_for), or nil and the refusal to return: a key of the
+-- wrong type named, a counter that is not an integer said so, any other refusal of the server's (OOM,
+-- NOREPLICAS, READONLY) as Redis said it (redis.pcall's error table has the same shape on Redis 6.2 to 8).
+-- Must be the script's first write, so that a refusal leaves every message as it was.
+local function next_seq(seq_key, count)
     local reply = redis.pcall('INCRBY', seq_key, count)
     if type(reply) ~= 'table' then
         return reply - count, nil

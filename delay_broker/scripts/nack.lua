@@ -29,7 +29,10 @@ local cap = tonumber(ARGV[4])
 local now = now_ms()
 -- Sequence numbers are taken before anything moves: a failing INCRBY (a corrupt counter) must not strike
 -- after a message has left the in-flight set.
-local seq = next_seq(SEQ, (#ARGV - 4) / 3)
+local seq, refused = next_seq(SEQ, (#ARGV - 4) / 3)
+if refused then
+    return refused
+end
 local result = {}
 local released = false
 for i = 5, #ARGV, 3 do

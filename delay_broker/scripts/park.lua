@@ -96,7 +96,7 @@ local read_ok, read_error = pcall(function()
     head = head_due(DUE)
 end)
 if not read_ok then
-    -- A key of the wrong type, named; else the refusal as raised (current_seq's is a plain string).
+    -- A key of the wrong type, named; else the refusal as raised.
     return wrong_type(MSG, 'hash', DUE, 'zset', INFLIGHT, 'zset', DEAD, 'zset', MOVED, 'zset')
         or redis.error_reply(type(read_error) == 'table' and tostring(read_error.err) or tostring(read_error))
 end
@@ -148,7 +148,7 @@ if writing > 0 then
     if problem then
         return problem
     end
-    seq, problem = take_seq(SEQ, count)
+    seq, problem = next_seq(SEQ, count)
     if problem then
         return problem
     end

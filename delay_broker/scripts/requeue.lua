@@ -27,7 +27,10 @@ if #ids == 0 then
     ids = redis.call('ZRANGE', DEAD, offset, offset + tonumber(ARGV[1]) - 1)
 end
 local now = now_ms()
-local seq = next_seq(SEQ, #ids)
+local seq, refused = next_seq(SEQ, #ids)
+if refused then
+    return refused
+end
 local result = {0}
 for n, id in ipairs(ids) do
     if redis.call('ZSCORE', DEAD, id) and redis.call('HEXISTS', MSG, id) == 1 then

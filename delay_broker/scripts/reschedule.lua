@@ -33,7 +33,11 @@ if max_delay >= 0 and due - now > max_delay then
     return too_far(id, due - now, max_delay)
 end
 local head = head_due(DUE)
-redis.call('ZADD', DUE, 'XX', score_for(due, next_seq(SEQ, 1)), id)
+local seq, refused = next_seq(SEQ, 1)
+if refused then
+    return refused
+end
+redis.call('ZADD', DUE, 'XX', score_for(due, seq), id)
 if ARGV[5] ~= '' then
     redis.call('HSET', MSG, id, ARGV[5])
 end
