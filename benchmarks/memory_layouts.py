@@ -1,6 +1,6 @@
 """What each candidate Redis layout costs per parked message, measured, not estimated.
 
-    python benchmarks/memory_layouts.py [--messages N]
+    python benchmarks/memory_layouts.py [--messages N] [--redis-server PATH]
 
 Starts a private redis-server and fills it, one layout at a time, with N Dramatiq-shaped messages (36-character
 uuid ids, a 47-byte binary envelope header, 250-byte payloads), printing Redis ``used_memory`` per message and,
@@ -125,8 +125,10 @@ def measure(client: redis.Redis, fill: Fill, count: int) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--messages", type=int, default=1_000_000)
-    count = parser.parse_args().messages
-    with EmbeddedRedis(["--appendonly", "no", "--maxmemory", "0"]) as server:
+    parser.add_argument("--redis-server", help="the redis-server binary to measure on (default: the one on the PATH)")
+    options = parser.parse_args()
+    count = options.messages
+    with EmbeddedRedis(["--appendonly", "no", "--maxmemory", "0"], executable=options.redis_server) as server:
         client = server.client()
         print(f"redis-server {client.info('server')['redis_version']}, {count:,} messages per layout")
         print(f"{'layout':64} {'B/message':>10} {'beyond payload':>15}")

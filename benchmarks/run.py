@@ -135,7 +135,9 @@ class Report:
 
 
 @contextlib.contextmanager
-def servers(need_rabbit: bool, need_sqs: bool, need_postgres: bool = False) -> Iterator[dict[str, Any]]:
+def servers(
+    need_rabbit: bool, need_sqs: bool, need_postgres: bool = False, redis_server: str | None = None
+) -> Iterator[dict[str, Any]]:
     from integration.servers import AWS_TEST_ENV, MotoServer, PostgresServer, RabbitNode
 
     for name, value in AWS_TEST_ENV.items():
@@ -143,8 +145,9 @@ def servers(need_rabbit: bool, need_sqs: bool, need_postgres: bool = False) -> I
     started: dict[str, Any] = {}
     with contextlib.ExitStack() as stack:
         # A few hundred MB of parked messages at the default scale: no persistence, no eviction.
-        redis_server = stack.enter_context(EmbeddedRedis(["--appendonly", "no", "--maxmemory", "0"]))
-        started["redis"] = redis_server
+        started["redis"] = stack.enter_context(
+            EmbeddedRedis(["--appendonly", "no", "--maxmemory", "0"], executable=redis_server)
+        )
         if need_rabbit:
             node = RabbitNode()
             stack.callback(node.close)
@@ -459,7 +462,7 @@ RUNNERS: dict[str, Callable[[Report, Sizes, dict[str, Any]], None]] = {
 START, END = "<!-- generated:start -->", "<!-- generated:end -->"
 
 
-def versions() -> dict[str, str]:
+def versions(redis_server: str | None = None) -> dict[str, str]:
     def command(*args: str) -> str:
         try:
             return subprocess.run(args, capture_output=True, text=True, timeout=30).stdout.strip()
@@ -468,7 +471,7 @@ def versions() -> dict[str, str]:
 
     found = {
         "python": platform.python_version(),
-        "redis-server": command("redis-server", "--version").split(" v=")[-1].split(" ")[0],
+        "redis-server": command(redis_server or "redis-server", "--version").split(" v=")[-1].split(" ")[0],
         "rabbitmq-server": command("dpkg-query", "-W", "-f=${Version}", "rabbitmq-server") or "n/a",
         "erlang": command("dpkg-query", "-W", "-f=${Version}", "erlang-base") or "n/a",
     }
@@ -496,7 +499,9 @@ def machine() -> str:
     return f"{os.cpu_count()} CPUs (nproc), {cpu}, {memory} RAM, load average at the end {load}"
 
 
-def write_results(report: Report, command: str, scale: str, elapsed: float, chart: Path | None) -> Path:
+def write_results(
+    report: Report, command: str, scale: str, elapsed: float, chart: Path | None, redis_server: str | None = None
+) -> Path:
     path = HERE / "RESULTS.md"
     generated = [
         START,
@@ -504,7 +509,7 @@ def write_results(report: Report, command: str, scale: str, elapsed: float, char
         f"in {elapsed / 60:.1f} min.",
         "",
         f"- Machine: {machine()}",
-        "- Versions: " + ", ".join(f"{name} {version}" for name, version in versions().items()),
+        "- Versions: " + ", ".join(f"{name} {version}" for name, version in versions(redis_server).items()),
         "",
         report.table(),
         "",
@@ -530,6 +535,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--scale", choices=sorted(SCALES), default="default")
     parser.add_argument("--only", default=",".join(MEASURES), help=f"comma-separated subset of {','.join(MEASURES)}")
     parser.add_argument("--no-results", action="store_true", help="do not write RESULTS.md and results.png")
+    parser.add_argument("--redis-server", help="the redis-server binary to measure on (default: the one on the PATH)")
     for field in fields(Sizes):
         parser.add_argument(f"--{field.name.replace('_', '-')}", type=type(getattr(SCALES["default"], field.name)))
     options = parser.parse_args(argv)
@@ -545,7 +551,8 @@ def main(argv: list[str] | None = None) -> None:
     report = Report()
     began = time.monotonic()
     print(f"delay_broker benchmarks, scale {options.scale}: {json.dumps(sizes.__dict__)}", flush=True)
-    with servers(need_rabbit="publish" in only, need_sqs="publish" in only, need_postgres="tier" in only) as env:
+    needs = {"need_rabbit": "publish" in only, "need_sqs": "publish" in only, "need_postgres": "tier" in only}
+    with servers(**needs, redis_server=options.redis_server) as env:
         print(f"servers ready after {time.monotonic() - began:.0f} s", flush=True)
         for name in MEASURES:
             if name in only:
@@ -561,7 +568,7 @@ def main(argv: list[str] | None = None) -> None:
         from .chart import draw
 
         chart = draw(report.lateness, report.rates, HERE / "results.png")
-        path = write_results(report, command.strip(), options.scale, elapsed, chart)
+        path = write_results(report, command.strip(), options.scale, elapsed, chart, options.redis_server)
         print(f"\nwrote {path} and {chart}")
 
 
