@@ -250,6 +250,21 @@ def test_a_message_parked_again_while_in_flight_counts_as_promoted_once(store):
     assert stats.counters["promoted"] == 1 and stats.parked == 1 and stats.inflight == 0
 
 
+def test_an_id_twice_in_one_batch_is_parked_as_by_two_calls_in_order(store):
+    def batch(first: bytes, second: bytes) -> list[ParkRequest]:
+        return [ParkRequest("twice", envelope(first), delay=60), ParkRequest("twice", envelope(second), delay=90)]
+
+    kept = store.park_many(batch(b"first", b"second"), on_conflict="keep")
+    assert [r.outcome for r in kept] == ["new", "kept"] and kept[1].due_ms == kept[0].due_ms
+    assert store.get("twice").envelope.payload == b"first"
+    assert store.cancel("twice")
+    replaced = store.park_many(batch(b"first", b"second"))
+    assert [r.outcome for r in replaced] == ["new", "replaced"]
+    info = store.get("twice")
+    assert info.envelope.payload == b"second" and info.due_ms == replaced[1].due_ms
+    assert store.stats().parked == 1
+
+
 def test_nack_backoff_dead_letter_and_requeue(store, client, ready_key):
     store.park("job", envelope(b"p"), delay=0)
     for attempt in range(1, 3):

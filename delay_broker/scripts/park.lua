@@ -78,11 +78,15 @@ local read_ok, read_error = pcall(function()
             moved[#tokens] = redis.call('ZSCORE', MOVED, token) ~= false
         end
     end
+    -- An id given twice meets the first group's outcome, as if parked by two calls in order.
+    local earlier = {}
     for n = 1, count do
         local id = ARGV[FIRST_GROUP + (n - 1) * 4]
         -- A new id costs two lookups: every parked, leased or dead message has its envelope in MSG, except a
         -- dead letter whose envelope had gone missing.
-        if redis.call('HEXISTS', MSG, id) == 1 then
+        if earlier[id] then
+            held[n] = earlier[id]
+        elseif redis.call('HEXISTS', MSG, id) == 1 then
             local existing = redis.call('ZSCORE', DUE, id)
             if existing then
                 held[n] = due_of(existing)
@@ -91,6 +95,9 @@ local read_ok, read_error = pcall(function()
             end
         elseif redis.call('ZSCORE', DEAD, id) then
             held[n] = -1
+        end
+        if not moved[n] then
+            earlier[id] = (held[n] and not replace) and held[n] or dues[n]
         end
     end
     head = head_due(DUE)
