@@ -19,7 +19,7 @@ resumed, run now and re-timed here too: the stored definition then carries only 
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -57,12 +57,19 @@ class RuntimeSchedules:
     """The runtime schedules of one store's namespace.
 
     ``check`` (given by the adapters' helpers) validates a call before it is stored, e.g. that the actor
-    exists; the core cannot, as it knows no framework.
+    exists; the core cannot, as it knows no framework. ``declared`` gives the names of the schedules this
+    process's code declares, which can be paused, resumed, re-timed and run before any promoter parked them.
     """
 
-    def __init__(self, store: DelayStore, check: Callable[[ScheduledCall], None] | None = None) -> None:
+    def __init__(
+        self,
+        store: DelayStore,
+        check: Callable[[ScheduledCall], None] | None = None,
+        declared: Callable[[], Collection[str]] | None = None,
+    ) -> None:
         self.store = store
         self.check = check
+        self.declared = declared
 
     # -- reading -------------------------------------------------------------------------------------------------
 
@@ -207,6 +214,9 @@ class RuntimeSchedules:
 
     # -- plumbing ------------------------------------------------------------------------------------------------
 
+    def _declared(self) -> Collection[str]:
+        return () if self.declared is None else self.declared()
+
     def _checked(self, call: ScheduledCall) -> ScheduledCall:
         if self.check is not None:
             self.check(call)
@@ -232,10 +242,10 @@ class RuntimeSchedules:
                     f"the record of schedule {name!r} is malformed: 'delay-broker cron forget {name}' clears it"
                 )
             record = stored.records.get(name)
-            if must_exist and current is None and record is None:
+            if must_exist and current is None and record is None and name not in self._declared():
                 raise ScheduleNotFound(
-                    f"no schedule {name!r} in namespace {self.store.keys.namespace!r}: none is stored, and none "
-                    "declared in code has parked an occurrence yet"
+                    f"no schedule {name!r} in namespace {self.store.keys.namespace!r}: none is stored, none is "
+                    "declared in this process's code, and none declared elsewhere has parked an occurrence yet"
                 )
             if served and current is not None:
                 # Run-now requests already parked need not be kept.

@@ -265,6 +265,23 @@ def test_a_schedule_declared_in_code_is_paused_retimed_and_run_now_at_runtime(st
         promoter.stop()
 
 
+def test_a_schedule_declared_here_is_paused_before_any_promoter_parked_it(store, client, ready_key):
+    """A deploy script pauses a code schedule first thing: the name is known from this process's declarations."""
+    declared = Schedule.create("digest", "* * * * *", builder(ScheduledCall("digest_task")))
+    with pytest.raises(ScheduleNotFound, match="none is declared in this process's code"):
+        RuntimeSchedules(store).pause("digest")
+    paused = RuntimeSchedules(store, declared=lambda: {"digest": declared}).pause("digest")
+    assert paused.paused and paused.timing is None and paused.call is None  # the code's, paused
+    deliverer = DirectLists({"ready": ListTarget(ready_key, mode="rpush")})
+    promoter = Promoter(store, deliverer, cron=CronScheduler(store, [declared], builder=builder), max_idle=0.2)
+    promoter.start()
+    try:
+        time.sleep(1.0)
+        assert "digest" not in store.schedules() and store.stats().parked == 0, "a paused schedule parks nothing"
+    finally:
+        promoter.stop()
+
+
 def test_occurrences_missed_while_no_promoter_ran_are_logged_and_counted(store, caplog):
     RuntimeSchedules(store).add("minutely", "t", every=60)
     missed: list[tuple[str, int]] = []

@@ -87,4 +87,4 @@ def runtime_schedules(app: Any) -> RuntimeSchedules:
     call's ``task`` is a task name. Every worker's promoter runs them, as it runs declared ones."""
     from .api import store_for
 
-    return RuntimeSchedules(store_for(app))
+    return RuntimeSchedules(store_for(app), declared=lambda: schedules_of(app))

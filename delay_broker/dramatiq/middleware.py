@@ -323,7 +323,7 @@ class DelayMiddleware(dramatiq.Middleware):
     def runtime_schedules(self) -> RuntimeSchedules:
         """Schedules managed at runtime (add, change, pause, resume, run now, remove) in this store; a call's
         ``task`` is an actor name of this broker. Every promoter of the namespace runs them."""
-        return RuntimeSchedules(self.store, check=self._check_call)
+        return RuntimeSchedules(self.store, check=self._check_call, declared=lambda: self._schedules)
 
     def _check_call(self, call: ScheduledCall) -> None:
         actor = self._actor(call.task)
