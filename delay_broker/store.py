@@ -40,7 +40,7 @@ from .errors import (
     PayloadTooLarge,
     StoreError,
 )
-from .far import FarRow, FarTier
+from .far import FarRow, FarTier, check_storable
 from .keys import DEFAULT_NAMESPACE, DEFAULT_PREFIX, MAX_SHARDS, Keyspace, shard_of
 from .records import (
     Claim,
@@ -508,19 +508,22 @@ class DelayStore:
         far = self._far.delete(ids)
         return [id in far or in_redis for id, in_redis in zip(ids, self._cancel_in_redis(ids), strict=True)]
 
-    def _cancel_in_redis(self, ids: list[str]) -> list[bool]:
+    def _cancel_in_redis(self, ids: list[str], *, replacing: bool = False) -> list[bool]:
+        """Remove the parked or dead copies of ``ids`` from Redis; ``replacing`` (by a far row) also those a
+        promoter holds, as a park in Redis would replace them."""
+        mode = "replace" if replacing else "cancel"
         removed: dict[str, bool] = {}
         for shard, group in self._by_shard(ids).items():
             missed: list[str] = []
             for chunk in _chunks(group):
-                reply = self._run("cancel", shard, chunk)
+                reply = self._run("cancel", shard, [mode, *chunk])
                 for id, flag in zip(chunk, reply, strict=True):
                     removed[id] = bool(int(flag))
                     if not int(flag):
                         missed.append(id)
             if shard != 0 and missed:  # a schedule's occurrence lives in shard 0
                 for chunk in _chunks(missed):
-                    for id, flag in zip(chunk, self._run("cancel", 0, chunk), strict=True):
+                    for id, flag in zip(chunk, self._run("cancel", 0, [mode, *chunk]), strict=True):
                         removed[id] = bool(int(flag))
         return [removed[id] for id in ids]
 
@@ -684,62 +687,89 @@ class DelayStore:
     def _park_tiered(
         self, requests: list[ParkRequest], encoded: list[tuple[str, str, int, bytes]], on_conflict: OnConflict
     ) -> list[ParkResult]:
-        """Park the far messages as rows and the others in Redis, one copy per id across both tiers."""
+        """Park the far messages as rows and the others in Redis, one copy per id across both tiers.
+
+        Each chunk (up to 1,000 ids of one shard and one tier) holds its ids' locks in PostgreSQL around its
+        one Redis script: parks of the same id by other processes wait for it and then see it. An id given twice
+        is parked twice, in the order given, as in Redis."""
         assert self._far is not None
         now = self._estimated_now_ms()
-        dues = [self._far_due(id, kind, value, now) for id, kind, value, _ in encoded]
+        dues = [self._far_due(id, kind, value, now) for id, kind, value, _ in encoded]  # validated before writing
+        for request, due in zip(requests, dues, strict=True):
+            if due is not None:
+                check_storable(request.id, request.envelope.route, request.envelope.name or "")
         results: list[ParkResult | None] = [None] * len(encoded)
-        near = [n for n, due in enumerate(dues) if due is None]
-        if near and on_conflict == "keep":
-            held = self._far.due_times([encoded[n][0] for n in near])
-            for n in near:
-                if encoded[n][0] in held:
-                    results[n] = ParkResult(encoded[n][0], held[encoded[n][0]], "kept")
-            near = [n for n in near if results[n] is None]
-        if near:
-            chunk = [encoded[n] for n in near]
-            if on_conflict == "replace":
-                # A far row of the same id is replaced: deleted in a transaction committed only once the park
-                # in Redis is done, so a park that fails leaves it as it was.
-                replaced, parked = self._far.deleted_around(
-                    [item[0] for item in chunk], lambda: self._park_encoded(chunk, on_conflict)
-                )
-                parked = [
-                    dataclasses.replace(r, outcome="replaced") if r.id in replaced and r.outcome == "new" else r
-                    for r in parked
-                ]
-            else:
-                parked = self._park_encoded(chunk, on_conflict)
-            for n, result in zip(near, parked, strict=True):
-                results[n] = result
-        far = [n for n, due in enumerate(dues) if due is not None]
-        if far:
-            self._park_far(requests, encoded, dues, far, on_conflict, results)
+        for positions in _rounds([item[0] for item in encoded]):
+            for chunk in self._shard_chunks([n for n in positions if dues[n] is None], encoded):
+                self._park_near(chunk, encoded, on_conflict, results)
+            for chunk in self._shard_chunks([n for n in positions if dues[n] is not None], encoded):
+                self._park_far(chunk, requests, encoded, dues, on_conflict, results)
         return results  # type: ignore[return-value]
 
-    def _park_far(
+    def _shard_chunks(self, positions: list[int], encoded: list[tuple[str, str, int, bytes]]) -> Iterator[list[int]]:
+        groups: dict[int, list[int]] = {}
+        for n in positions:
+            groups.setdefault(self.shard_for(encoded[n][0]), []).append(n)
+        for group in groups.values():
+            yield from _chunks(group)
+
+    def _park_near(
         self,
-        requests: list[ParkRequest],
+        chunk: list[int],
         encoded: list[tuple[str, str, int, bytes]],
-        dues: list[int | None],
-        far: list[int],
         on_conflict: OnConflict,
         results: list[ParkResult | None],
     ) -> None:
+        """Park in Redis, replacing (or keeping) a row of the same id."""
         assert self._far is not None
-        ids = [encoded[n][0] for n in far]
-        in_redis = self._held_in_redis(ids) if on_conflict == "keep" else {}
-        rows = {}  # the last request of an id wins, as in Redis
-        for n in far:
-            id = encoded[n][0]
-            if id not in in_redis:
-                envelope = requests[n].envelope
-                rows[id] = (id, dues[n], envelope.route, envelope.name or "", encoded[n][3])
-        previous = self._far.insert(list(rows.values()), replace=on_conflict == "replace")  # type: ignore[arg-type]
-        cancelled = set()
-        if on_conflict == "replace":  # a copy of the same id in Redis is replaced by the row
-            cancelled = {id for id, removed in zip(ids, self._cancel_in_redis(ids), strict=True) if removed}
-        for n in far:
+        with self._far.parking([encoded[n][0] for n in chunk]) as rows:
+            if on_conflict == "keep":
+                held = rows.due_times([encoded[n][0] for n in chunk])
+                for n in chunk:
+                    if encoded[n][0] in held:
+                        results[n] = ParkResult(encoded[n][0], held[encoded[n][0]], "kept")
+                chunk = [n for n in chunk if results[n] is None]
+                parked = self._park_encoded([encoded[n] for n in chunk], on_conflict) if chunk else []
+                replaced: set[str] = set()
+            else:
+                # Deleted in a transaction committed only once the park in Redis is done: a park that fails
+                # leaves the rows as they were.
+                with rows.deleted([encoded[n][0] for n in chunk]) as replaced:
+                    parked = self._park_encoded([encoded[n] for n in chunk], on_conflict)
+        for n, result in zip(chunk, parked, strict=True):
+            results[n] = dataclasses.replace(result, outcome="replaced") if result.id in replaced else result
+
+    def _park_far(
+        self,
+        chunk: list[int],
+        requests: list[ParkRequest],
+        encoded: list[tuple[str, str, int, bytes]],
+        dues: list[int | None],
+        on_conflict: OnConflict,
+        results: list[ParkResult | None],
+    ) -> None:
+        """Park as rows, replacing (or keeping) a copy of the same id in Redis."""
+        assert self._far is not None
+        ids = [encoded[n][0] for n in chunk]
+        rows_to_write = [
+            (encoded[n][0], dues[n], requests[n].envelope.route, requests[n].envelope.name or "", encoded[n][3])
+            for n in chunk
+        ]
+        with self._far.parking(ids) as rows:
+            previous = rows.insert(rows_to_write, replace=on_conflict == "replace")  # type: ignore[arg-type]
+            if on_conflict == "keep":
+                # Looked up after the insert, which waited for any sweeper moving a row of these ids: a copy it
+                # moved into Redis is seen here, and the row just written for its id is taken back.
+                in_redis = self._held_in_redis([id for id in ids if id not in previous])
+                if in_redis:
+                    rows.delete(list(in_redis))
+                cancelled: set[str] = set()
+            else:  # a copy of the same id in Redis, even one a promoter holds, is replaced by the row
+                in_redis = {}
+                cancelled = {
+                    id for id, gone in zip(ids, self._cancel_in_redis(ids, replacing=True), strict=True) if gone
+                }
+        for n in chunk:
             id = encoded[n][0]
             if id in in_redis:
                 results[n] = ParkResult(id, in_redis[id], "kept")
@@ -835,6 +865,26 @@ class DelayStore:
                     dropped += int(self.client.zrem(space.moved, *orphans))
         return dropped
 
+    def _far_view(self) -> contextlib.AbstractContextManager[Any]:
+        """The table as it was before Redis is read, for reads of both tiers that see each message once.
+
+        A message being moved is in the table until the move commits, and in Redis, its token in ``moved``,
+        from before then until after. So when the table is read as of a snapshot taken first, then Redis with
+        the tokens in ``moved``, and the rows of those tokens are left out, no message is missed, and none is
+        seen twice unless a sweeper's commit and its dropping of the tokens both land between the snapshot and
+        the read of Redis (stats, which read the tokens with the counts), or a move lands between reading the
+        tokens and the pages (a listing, which keeps one copy)."""
+        assert self._far is not None
+        return self._far.snapshot()
+
+    def _moved_tokens(self) -> list[int]:
+        """The tokens of far rows moved into Redis whose delete may not be committed yet (see :mod:`.far`)."""
+        tokens: list[int] = []
+        for space in self.shards:
+            with self._redis("reading moved tokens"):
+                tokens.extend(int(token) for token in self.client.zrange(space.moved, 0, -1))  # type: ignore[arg-type]
+        return tokens
+
     def _far_info(self, row: FarRow) -> MessageInfo:
         return MessageInfo(
             id=row.id, state="due", due_ms=row.due_ms, at_ms=None, raw=row.record, attempts=0, error=None
@@ -896,13 +946,16 @@ class DelayStore:
         if len(self.shards) == 1 and not far:
             return [info for _, info in self._list_page(0, state, low, high, offset, count)]
         wanted = offset + count
-        pages = [self._list_shard(shard, state, low, high, wanted) for shard in range(len(self.shards))]
-        if far:
-            assert self._far is not None
-            rows = self._far.page(start_ms, end_ms, 0, wanted)
-            pages.append([(float(score_floor(row.due_ms)), self._far_info(row)) for row in rows])
+        with self._far_view() if far else contextlib.nullcontext() as view:
+            leaving = self._moved_tokens() if far else []
+            pages = [self._list_shard(shard, state, low, high, wanted) for shard in range(len(self.shards))]
+            if far:
+                assert self._far is not None
+                rows = self._far.page(start_ms, end_ms, 0, wanted, leaving=leaving, on=view)
+                pages.append([(float(score_floor(row.due_ms)), self._far_info(row)) for row in rows])
         merged = heapq.merge(*pages, key=lambda pair: pair[0])
-        return [info for _, info in list(merged)[offset:wanted]]
+        unique = {info.id: (score, info) for score, info in merged}  # a later (Redis) copy wins
+        return [info for _, info in sorted(unique.values(), key=lambda pair: pair[0])[offset:wanted]]
 
     def _list_shard(
         self, shard: int, state: ListState, low: Any, high: Any, wanted: int
@@ -1015,9 +1068,15 @@ class DelayStore:
     def stats(self, heartbeat_window: float = 30.0) -> StoreStats:
         """Counts over every shard: one script per shard, each a consistent snapshot of its shard."""
         window = delay_to_ms(heartbeat_window)
-        snapshots = [
-            self._run("stats", shard, [window, *self.HISTOGRAM_EDGES], write=False) for shard in range(len(self.shards))
-        ]
+        far_counts = None
+        with self._far_view() if self._far is not None else contextlib.nullcontext() as view:
+            snapshots = [
+                self._run("stats", shard, [window, *self.HISTOGRAM_EDGES], write=False)
+                for shard in range(len(self.shards))
+            ]
+            if self._far is not None:  # the moved tokens read with each shard's counts: no move lands between
+                leaving = [int(token) for reply in snapshots for token in reply[9]]
+                far_counts = self._far.counts(int(snapshots[0][0]), self.HISTOGRAM_EDGES, leaving, on=view)
         counters: dict[str, int] = {}
         heads = []
         for reply in snapshots:
@@ -1033,8 +1092,8 @@ class DelayStore:
         now = int(snapshots[0][0])
         histogram = [sum(int(reply[8][n]) for reply in snapshots) for n in range(len(snapshots[0][8]))]
         far = far_overdue = 0
-        if self._far is not None:
-            far, far_overdue, far_head, far_histogram = self._far.counts(now, self.HISTOGRAM_EDGES)
+        if far_counts is not None:
+            far, far_overdue, far_head, far_histogram = far_counts
             histogram = [a + b for a, b in zip(histogram, far_histogram, strict=True)]
             heads.extend([] if far_head is None else [far_head])
         return StoreStats(
@@ -1337,6 +1396,18 @@ def check_id(id: object) -> str:
     if not id or len(id) > MAX_ID_LENGTH:
         raise InvalidMessage(f"message id must be 1 to {MAX_ID_LENGTH} characters, got {len(id)}")
     return id
+
+
+def _rounds(ids: list[str]) -> list[list[int]]:
+    """Positions of ``ids`` in rounds without a repeated id: the first of each id, then the second ..."""
+    seen: dict[str, int] = {}
+    rounds: list[list[int]] = []
+    for position, id in enumerate(ids):
+        occurrence = seen[id] = seen.get(id, -1) + 1
+        if occurrence == len(rounds):
+            rounds.append([])
+        rounds[occurrence].append(position)
+    return rounds
 
 
 def _batch(batch: int) -> int:

@@ -42,9 +42,38 @@ class OrderedGroup(click.Group):
         return list(self.commands)
 
 
+def _remember(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
+    """Keep a far-tier option for :func:`open_session`, so that commands need no parameter for it."""
+    if value not in (None, ""):  # an empty variable is no tier
+        ctx.meta[f"delay_broker.{param.name}"] = value
+    return value
+
+
 def store_options(func: F) -> F:
-    """``--redis-url``, ``--namespace`` and ``--json``, shared by every command that reads the store."""
+    """``--redis-url``, ``--namespace``, ``--far-tier``, ``--far-horizon`` and ``--json``, shared by every
+    command that reads the store."""
     func = click.option("--json", "as_json", is_flag=True, help="Print JSON (for scripts) instead of tables.")(func)
+    func = click.option(
+        "--far-horizon",
+        envvar="DELAY_BROKER_FAR_HORIZON",
+        show_envvar=True,
+        type=click.FloatRange(min=0, min_open=True),
+        metavar="SECONDS",
+        expose_value=False,
+        callback=_remember,
+        help="The far tier's horizon, as your application sets it (default 6 hours): a message rescheduled to "
+        "within it is moved into Redis at once.",
+    )(func)
+    func = click.option(
+        "--far-tier",
+        envvar="DELAY_BROKER_FAR_TIER",
+        show_envvar=True,
+        metavar="URL",
+        expose_value=False,
+        callback=_remember,
+        help="The PostgreSQL of your application's far tier, if it has one (postgresql://...): its messages are "
+        "then listed, counted, shown, cancelled and rescheduled with those in Redis.",
+    )(func)
     func = click.option(
         "--namespace",
         "-n",
@@ -93,10 +122,14 @@ def open_session(redis_url: str | None, namespace: str, as_json: bool) -> Sessio
             "no Redis given: pass --redis-url redis://HOST:6379/0 or set DELAY_BROKER_REDIS_URL "
             "(the Redis your application's delay_broker settings point at)"
         )
+    meta = click.get_current_context().meta
+    far = {"far_tier": meta.get("delay_broker.far_tier"), "far_horizon": meta.get("delay_broker.far_horizon")}
     try:
-        store = DelayStore.from_url(redis_url, namespace=namespace, socket_connect_timeout=5.0, socket_timeout=15.0)
+        store = DelayStore.from_url(
+            redis_url, namespace=namespace, socket_connect_timeout=5.0, socket_timeout=15.0, **far
+        )
     except ValueError as error:
-        raise click.UsageError(f"cannot use --redis-url / --namespace: {error}") from None
+        raise click.UsageError(f"cannot use --redis-url / --namespace / --far-tier: {error}") from None
     return Session(store, namespace, as_json)
 
 

@@ -196,6 +196,7 @@ def stats_record(stats: StoreStats, namespace: str) -> dict[str, Any]:
         "now_ms": stats.now_ms,
         "now": iso_time(stats.now_ms),
         "parked": stats.parked,
+        "far": stats.far,
         "inflight": stats.inflight,
         "dead": stats.dead,
         "overdue": stats.overdue,

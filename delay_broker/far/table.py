@@ -9,18 +9,23 @@ from __future__ import annotations
 import re
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager, suppress
 from importlib import resources
 from typing import Any, TypeVar
 
 import psycopg
 
-from ..errors import ConfigurationError, FarTierUnavailable
+from ..errors import ConfigurationError, FarTierUnavailable, InvalidMessage
 from . import FarRow
 
 T = TypeVar("T")
 IDENTIFIER = re.compile(r"^[a-z_][a-z0-9_]{0,40}$")
 SCHEMA_LOCK = 0x64656C6179  # pg_advisory_xact_lock key: concurrent first starts create the table once
+
+
+def storable(ids: Sequence[str]) -> list[str]:
+    """The ids that can have a row: PostgreSQL text holds no NUL, so an id with one is in Redis or nowhere."""
+    return [id for id in ids if "\x00" not in id]
 
 
 class FarTable:
@@ -64,9 +69,27 @@ class FarTable:
     def _failures(self, doing: str) -> Iterator[None]:
         try:
             yield
+        except psycopg.DataError as error:
+            # The values, not the server: a retry would fail alike, and PostgreSQL is not down.
+            raise InvalidMessage(f"far tier: {doing}: PostgreSQL refused the values: {error}".strip()) from error
         except psycopg.Error as error:
             self._drop_connection()
             raise FarTierUnavailable(f"far tier: {doing} failed on PostgreSQL: {error}".strip()) from error
+
+    @contextmanager
+    def _transaction(self, doing: str) -> Iterator[psycopg.Connection[Any]]:
+        """A transaction on this thread's connection, committed when the block ends without error. A connection
+        that broke while idle (a restarted server) fails at BEGIN, before anything was done: a new one is opened
+        then, once, so the first transaction after a restart does not fail while PostgreSQL is up."""
+        with self._failures(doing), ExitStack() as stack:
+            try:
+                connection = self._connection()
+                stack.enter_context(connection.transaction())
+            except psycopg.OperationalError:
+                self._drop_connection()
+                connection = self._connection()
+                stack.enter_context(connection.transaction())
+            yield connection
 
     def _run(self, doing: str, work: Callable[[psycopg.Connection[Any]], T]) -> T:
         """``work`` on this thread's connection; once more on a new connection if the old one had broken (a
@@ -78,56 +101,48 @@ class FarTable:
                 self._drop_connection()
             return work(self._connection())
 
+    def _read(self, doing: str, on: psycopg.Connection[Any] | None, work: Callable[[psycopg.Connection[Any]], T]) -> T:
+        """``work`` on the connection of a :meth:`snapshot` (``on``), else as :meth:`_run`."""
+        if on is None:
+            return self._run(doing, work)
+        with self._failures(doing):
+            return work(on)
+
     def close(self) -> None:
         """Close this thread's connection (others close with their threads)."""
         self._drop_connection()
 
     # -- writes ------------------------------------------------------------------------------------------
 
-    def insert(self, rows: Sequence[tuple[str, int, str, str, bytes]], *, replace: bool) -> dict[str, int]:
-        """Write rows of (id, due_ms, route, name, record) in one statement. Returns the ids that had a row
-        already, with its due time before: with ``replace`` it was overwritten (and got a new token), else
-        left alone."""
-        if not rows:
-            return {}
-        ids, dues, routes, names, records = (list(column) for column in zip(*rows, strict=True))
-        conflict = (
-            "DO UPDATE SET due_ms = EXCLUDED.due_ms, token = nextval('{t}_token'), route = EXCLUDED.route, "
-            "name = EXCLUDED.name, record = EXCLUDED.record"
-            if replace
-            else "DO NOTHING"
-        )
-        # ``old`` reads the statement's snapshot, from before the insert: the rows as they were.
-        sql = (
-            "WITH old AS (SELECT id, due_ms FROM {t} WHERE namespace = %s AND id = ANY(%s) FOR UPDATE), "
-            "written AS (INSERT INTO {t} (namespace, id, due_ms, route, name, record) "
-            "SELECT %s, * FROM unnest(%s::text[], %s::bigint[], %s::text[], %s::text[], %s::bytea[]) "
-            f"ON CONFLICT (namespace, id) {conflict}) "
-            "SELECT id, due_ms FROM old"
-        ).replace("{t}", self.table)
-        args = (self.namespace, ids, self.namespace, ids, dues, routes, names, records)
-        return self._run(
-            "parking far messages", lambda connection: dict(connection.execute(sql.encode(), args).fetchall())
-        )
+    @contextmanager
+    def parking(self, ids: Sequence[str]) -> Iterator[Parking]:
+        """Hold this namespace's locks on ``ids`` for a park that spans the tiers: parks of the same id, by any
+        process, run one after the other, and each sees what the one before wrote in either tier. The locks are
+        the session's (advisory), not a transaction's: what the block writes through the :class:`Parking`
+        commits as it goes, so a failure in Redis after a row was written can leave two copies (the sweep then
+        keeps the one in Redis) but never none. A process that dies releases its locks with its connection."""
+        parking = Parking(self, ids)
+        try:
+            yield parking
+        finally:
+            parking.release()
 
-    def _delete(self, connection: psycopg.Connection[Any], ids: Sequence[str]) -> set[str]:
-        sql = f"DELETE FROM {self.table} WHERE namespace = %s AND id = ANY(%s) RETURNING id"
-        return {row[0] for row in connection.execute(sql, (self.namespace, list(ids))).fetchall()}
+    @property
+    def delete_sql(self) -> str:
+        return f"DELETE FROM {self.table} WHERE namespace = %s AND id = ANY(%s) RETURNING id"
 
     def delete(self, ids: Sequence[str]) -> set[str]:
         """Remove these ids' rows (waiting for a sweeper moving one of them); the ids that had one."""
-        return self._run("cancelling far messages", lambda connection: self._delete(connection, ids))
-
-    def deleted_around(self, ids: Sequence[str], work: Callable[[], T]) -> tuple[set[str], T]:
-        """Delete these ids' rows, run ``work`` (a park of the same ids in Redis), then commit: if ``work``
-        raises, the rows stay. Returns the ids that had a row, and what ``work`` returned."""
-        with self._failures("replacing far messages"):
-            connection = self._connection()
-            with connection.transaction():
-                return self._delete(connection, ids), work()
+        args = (self.namespace, storable(ids))
+        rows = self._run(
+            "cancelling far messages", lambda connection: connection.execute(self.delete_sql, args).fetchall()
+        )
+        return {row[0] for row in rows}
 
     def reschedule(self, id: str, due_ms: int, record: bytes | None, route: str, name: str) -> bool:
         """Give a row a new due time (and record). Its token stays: see :meth:`FarTier.reschedule`."""
+        if not storable([id]):
+            return False
         sql = (
             f"UPDATE {self.table} SET due_ms = %s, record = coalesce(%s, record), route = coalesce(%s, route), "
             "name = coalesce(%s, name) WHERE namespace = %s AND id = %s RETURNING id"
@@ -150,35 +165,35 @@ class FarTable:
             f"SELECT id, due_ms, token, record FROM {self.table} WHERE namespace = %s AND {where} "
             "ORDER BY due_ms, token LIMIT %s FOR UPDATE SKIP LOCKED"
         )
-        with self._failures("moving far messages into Redis"):
-            connection = self._connection()
-            with connection.transaction():
+        with self._transaction("moving far messages into Redis") as connection:
+            connection.execute("SELECT set_config('idle_in_transaction_session_timeout', %s, true)", (str(lease_ms),))
+            found = connection.execute(select, (self.namespace, storable(ids) if ids else edge_ms, limit)).fetchall()
+            rows = [FarRow(id, due, token, bytes(record)) for id, due, token, record in found]
+            if rows:
+                adopt(rows)
+                # By primary key: the token has no index of its own, and a DELETE by token alone read every
+                # row of the namespace, each batch (50,000 rows swept at 1,300-2,600/s instead of 25,000/s).
+                # The rows are locked, so their tokens are the ones read; checking them costs nothing.
                 connection.execute(
-                    "SELECT set_config('idle_in_transaction_session_timeout', %s, true)", (str(lease_ms),)
+                    f"DELETE FROM {self.table} WHERE namespace = %s AND id = ANY(%s) AND token = ANY(%s)",
+                    (self.namespace, [row.id for row in rows], [row.token for row in rows]),
                 )
-                found = connection.execute(select, (self.namespace, list(ids) if ids else edge_ms, limit)).fetchall()
-                rows = [FarRow(id, due, token, bytes(record)) for id, due, token, record in found]
-                if rows:
-                    adopt(rows)
-                    # By primary key: the token has no index of its own, and a DELETE by token alone read every
-                    # row of the namespace, each batch (50,000 rows swept at 1,300-2,600/s instead of 25,000/s).
-                    # The rows are locked, so their tokens are the ones read; checking them costs nothing.
-                    connection.execute(
-                        f"DELETE FROM {self.table} WHERE namespace = %s AND id = ANY(%s) AND token = ANY(%s)",
-                        (self.namespace, [row.id for row in rows], [row.token for row in rows]),
-                    )
         return rows
 
     # -- reads -------------------------------------------------------------------------------------------
 
-    def due_times(self, ids: Sequence[str]) -> dict[str, int]:
-        sql = f"SELECT id, due_ms FROM {self.table} WHERE namespace = %s AND id = ANY(%s)"
-        return self._run(
-            "looking up far messages",
-            lambda connection: dict(connection.execute(sql, (self.namespace, list(ids))).fetchall()),
-        )
+    @contextmanager
+    def snapshot(self) -> Iterator[psycopg.Connection[Any]]:
+        """A connection whose reads (``on=`` of :meth:`page` and :meth:`counts`) all see the table as it was
+        when the block began, whatever is committed meanwhile: a read-only repeatable-read transaction."""
+        with self._transaction("reading far messages") as connection:
+            connection.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
+            connection.execute("SELECT 1")  # the snapshot is taken by the first statement that is not SET
+            yield connection
 
     def get(self, id: str) -> FarRow | None:
+        if not storable([id]):
+            return None
         sql = f"SELECT id, due_ms, token, record FROM {self.table} WHERE namespace = %s AND id = %s"
         row = self._run(
             "reading a far message", lambda connection: connection.execute(sql, (self.namespace, id)).fetchone()
@@ -195,9 +210,15 @@ class FarTable:
         route: str | None = None,
         name: str | None = None,
         id_prefix: str | None = None,
+        leaving: Sequence[int] = (),
+        on: psycopg.Connection[Any] | None = None,
     ) -> list[FarRow]:
-        """Rows by due time (then parking order) within ``start_ms``..``end_ms``, optionally filtered."""
-        conditions, args = ["namespace = %s"], [self.namespace]
+        """Rows by due time (then parking order) within ``start_ms``..``end_ms``, optionally filtered, but for
+        those whose token is in ``leaving`` (see :meth:`counts`)."""
+        conditions, args = (
+            ["namespace = %s", "token NOT IN (SELECT unnest(%s::bigint[]))"],
+            [self.namespace, list(leaving)],
+        )
         for column, operator, value in (
             ("due_ms", ">=", start_ms),
             ("due_ms", "<=", end_ms),
@@ -214,25 +235,38 @@ class FarTable:
             f"SELECT id, due_ms, token, record FROM {self.table} WHERE {' AND '.join(conditions)} "
             "ORDER BY due_ms, token OFFSET %s LIMIT %s"
         )
-        found = self._run(
-            "listing far messages", lambda connection: connection.execute(sql, (*args, offset, count)).fetchall()
+        found = self._read(
+            "listing far messages", on, lambda connection: connection.execute(sql, (*args, offset, count)).fetchall()
         )
         return [FarRow(id, due, token, bytes(record)) for id, due, token, record in found]
 
-    def counts(self, now_ms: int, edges: Sequence[int]) -> tuple[int, int, int | None, list[int]]:
-        """Rows in all, rows already due, the earliest due time, and rows per bucket of ``edges`` (ms from now)."""
-        buckets = ", ".join(f"count(*) FILTER (WHERE due_ms <= {int(now_ms) + int(edge)})" for edge in edges)
+    def counts(
+        self,
+        now_ms: int,
+        edges: Sequence[int],
+        leaving: Sequence[int] = (),
+        on: psycopg.Connection[Any] | None = None,
+    ) -> tuple[int, int, int | None, list[int]]:
+        """Rows in all, rows already due, the earliest due time, and the rows not yet due per bucket of ``edges``
+        (ms from now: due in (now, now + e1], (now + e1, now + e2] ... and past the last edge, as in Redis).
+        Rows whose token is in ``leaving`` (moved into Redis already, their delete not yet committed) are left
+        out: Redis counts them."""
+        buckets = ", ".join(
+            f"count(*) FILTER (WHERE due_ms > {int(now_ms)} AND due_ms <= {int(now_ms) + int(edge)})" for edge in edges
+        )
         sql = (
             f"SELECT count(*), count(*) FILTER (WHERE due_ms <= %s), min(due_ms), {buckets} "
-            f"FROM {self.table} WHERE namespace = %s"
+            f"FROM {self.table} WHERE namespace = %s AND token NOT IN (SELECT unnest(%s::bigint[]))"
         )
-        row = self._run(
-            "counting far messages", lambda connection: connection.execute(sql, (now_ms, self.namespace)).fetchone()
+        row = self._read(
+            "counting far messages",
+            on,
+            lambda connection: connection.execute(sql, (now_ms, self.namespace, list(leaving))).fetchone(),
         )
         assert row is not None
         total, overdue, earliest = int(row[0]), int(row[1]), row[2]
-        cumulative = [int(value) for value in row[3:]]
-        histogram = [b - a for a, b in zip([0, *cumulative], [*cumulative, total], strict=True)]
+        within = [int(value) for value in row[3:]]  # due after now and by now + edge, for each edge
+        histogram = [b - a for a, b in zip([0, *within], [*within, total - overdue], strict=True)]
         return total, overdue, earliest, histogram
 
     def existing_tokens(self, tokens: Sequence[int]) -> set[int]:
@@ -241,3 +275,106 @@ class FarTable:
             "checking moved markers",
             lambda connection: {row[0] for row in connection.execute(sql, (self.namespace, list(tokens))).fetchall()},
         )
+
+
+class Parking:
+    """Statements on rows of locked ids (see :meth:`FarTable.parking`). The locks are taken in the round trip of
+    the first statement, and given back in that of the commit, if any: a park costs PostgreSQL two round trips."""
+
+    # One statement, in one order of keys for every caller, or two parks of overlapping batches would deadlock.
+    LOCK = (
+        "SELECT count(pg_advisory_lock(key)) FROM (SELECT DISTINCT hashtextextended(%s || id, 0) AS key "
+        "FROM unnest(%s::text[]) AS id ORDER BY key) AS keys"
+    )
+
+    def __init__(self, table: FarTable, ids: Sequence[str]) -> None:
+        self._table = table
+        self._lock_args = (table.namespace + "\x1f", storable(ids))
+        self._connection: psycopg.Connection[Any] | None = None
+
+    def _fetch(self, doing: str, sql: str | bytes, args: Sequence[Any], *, begin: bool = False) -> list[Any]:
+        """The rows of ``sql``; the first statement goes with the locks (and ``BEGIN``) in one round trip, and
+        once more on a new connection if the old one had broken (a restarted server): nothing was done yet."""
+        if self._connection is not None:
+            connection = self._connection
+            with self._table._failures(doing):
+                if begin:
+                    connection.execute("BEGIN")
+                return connection.execute(sql, args).fetchall()
+
+        def first(connection: psycopg.Connection[Any]) -> list[Any]:
+            with connection.pipeline():
+                connection.execute(self.LOCK, self._lock_args)
+                if begin:
+                    connection.execute("BEGIN")
+                cursor = connection.execute(sql, args)
+            self._connection = connection
+            return cursor.fetchall()
+
+        return self._table._run(doing, first)
+
+    def release(self, *, commit: bool = False) -> None:
+        """Commit (if asked) and give the locks back, in one round trip. A failed commit raises."""
+        connection, self._connection = self._connection, None
+        if connection is None:
+            return
+        if not commit:
+            with suppress(psycopg.Error):  # a broken connection took its locks with it
+                connection.execute("SELECT pg_advisory_unlock_all()")
+            return
+        with self._table._failures("committing far messages"), connection.pipeline():
+            connection.execute("COMMIT")
+            connection.execute("SELECT pg_advisory_unlock_all()")
+
+    def due_times(self, ids: Sequence[str]) -> dict[str, int]:
+        """The due time of each id of ``ids`` that has a row."""
+        sql = f"SELECT id, due_ms FROM {self._table.table} WHERE namespace = %s AND id = ANY(%s)"
+        return dict(self._fetch("looking up far messages", sql, (self._table.namespace, storable(ids))))
+
+    def delete(self, ids: Sequence[str]) -> set[str]:
+        """Delete these ids' rows; the ids that had one."""
+        return {row[0] for row in self._fetch("replacing far messages", self._table.delete_sql, self._delete_args(ids))}
+
+    @contextmanager
+    def deleted(self, ids: Sequence[str]) -> Iterator[set[str]]:
+        """Delete these ids' rows in a transaction committed when the block ends without error (the block's
+        park in Redis done), with the locks given back: if the block raises, the rows stay. Gives the ids
+        that had a row."""
+        sql = self._table.delete_sql
+        found = self._fetch("replacing far messages", sql, self._delete_args(ids), begin=True)
+        try:
+            yield {row[0] for row in found}
+        except BaseException:
+            if self._connection is not None:
+                with suppress(psycopg.Error):
+                    self._connection.execute("ROLLBACK")
+            raise
+        self.release(commit=True)
+
+    def _delete_args(self, ids: Sequence[str]) -> tuple[str, list[str]]:
+        return self._table.namespace, storable(ids)
+
+    def insert(self, rows: Sequence[tuple[str, int, str, str, bytes]], *, replace: bool) -> dict[str, int]:
+        """Write rows of (id, due_ms, route, name, record). Returns the ids that had a row already, with its due
+        time before: with ``replace`` it was overwritten (and got a new token), else left alone."""
+        if not rows:
+            return {}
+        ids, dues, routes, names, records = (list(column) for column in zip(*rows, strict=True))
+        conflict = (
+            "DO UPDATE SET due_ms = EXCLUDED.due_ms, token = nextval('{t}_token'), route = EXCLUDED.route, "
+            "name = EXCLUDED.name, record = EXCLUDED.record"
+            if replace
+            else "DO NOTHING"
+        )
+        # ``old`` reads the statement's snapshot, from before the insert: the rows as they were. The ids' locks
+        # make it exact: no other park of them can be writing meanwhile.
+        sql = (
+            "WITH old AS (SELECT id, due_ms FROM {t} WHERE namespace = %s AND id = ANY(%s) FOR UPDATE), "
+            "written AS (INSERT INTO {t} (namespace, id, due_ms, route, name, record) "
+            "SELECT %s, * FROM unnest(%s::text[], %s::bigint[], %s::text[], %s::text[], %s::bytea[]) "
+            f"ON CONFLICT (namespace, id) {conflict}) "
+            "SELECT id, due_ms FROM old"
+        ).replace("{t}", self._table.table)
+        namespace = self._table.namespace
+        args = (namespace, ids, namespace, ids, dues, routes, names, records)
+        return dict(self._fetch("parking far messages", sql.encode(), args))

@@ -5,12 +5,16 @@
 --   DEAD      ZSET id -> dead-lettered at
 --   STATS     HASH counters
 --   PROMOTERS ZSET promoter id -> last heartbeat
+--   MOVED     ZSET far-tier token -> when its message was moved in
 -- ARGV[1] heartbeat window ms (a promoter seen within it counts as live)
 -- ARGV[2..] histogram edges, ms from now, ascending: counts messages due in [now, now+e1), [e1, e2), ...
 -- Returns {now_ms, parked, inflight, dead, overdue, head_due_ms or -1, live promoters,
---          {counter, value, ...}, {bucket counts..., count past the last edge}}.
+--          {counter, value, ...}, {bucket counts..., count past the last edge}, {moved tokens}}: the tokens
+--          of far-tier rows moved in whose delete may not be committed yet, read with the counts so that a
+--          caller counting the far tier too can leave those rows to Redis.
 
-local problem = wrong_type(DUE, 'zset', INFLIGHT, 'zset', DEAD, 'zset', STATS, 'hash', PROMOTERS, 'zset')
+local problem = wrong_type(DUE, 'zset', INFLIGHT, 'zset', DEAD, 'zset', STATS, 'hash', PROMOTERS, 'zset',
+    MOVED, 'zset')
 if problem then
     return problem
 end
@@ -39,4 +43,5 @@ return {
     redis.call('ZCOUNT', PROMOTERS, now - window, '+inf'),
     redis.call('HGETALL', STATS),
     buckets,
+    redis.call('ZRANGE', MOVED, 0, -1),
 }
