@@ -21,7 +21,7 @@ from delay_broker import DelayStore, Envelope, ListTarget, ParkRequest, Promoter
 from delay_broker.cli import cli
 from delay_broker.deliverers import DirectLists
 from delay_broker.embedded import EmbeddedRedis
-from delay_broker.errors import FarTierUnavailable, InvalidDelay, InvalidMessage, StoreError
+from delay_broker.errors import DelayBrokerError, FarTierUnavailable, InvalidDelay, InvalidMessage, StoreError
 from delay_broker.far import FarRow, FarTier
 from delay_broker.operations import MessageFilter, Operations
 from tests.helpers import wait_for as shared_wait_for
@@ -495,3 +495,20 @@ def test_the_cli_sees_both_tiers_when_given_the_far_tier(tiered: Any, postgres: 
     store.park("far", Envelope("ready", b"f"), delay=7200)
     run("cancel", "far", "--yes")
     assert store.get("far") is None and store.stats().parked == 1
+
+
+def test_a_park_that_fails_in_redis_gives_its_locks_back(tiered: Any) -> None:
+    store, client, _ = tiered
+    client.set(store.keys.due, "not a sorted set")  # the Redis half of the far park is refused
+    with pytest.raises(DelayBrokerError, match="WRONGTYPE"):
+        store.park("x", Envelope("ready", b"far"), delay=3600)
+    client.delete(store.keys.due)
+    other = DelayStore(client, namespace=store.keys.namespace, far_tier=store.far_tier)  # its own connection
+    parked: list[Any] = []
+    thread = threading.Thread(
+        target=lambda: parked.append(other.park("x", Envelope("ready", b"near"), delay=1)), daemon=True
+    )
+    thread.start()
+    thread.join(10)
+    assert parked and parked[0].outcome == "replaced", "the failed park's locks were never given back"
+    assert store.stats().far == 0 and redis_holds(client, store) == (1, 1)

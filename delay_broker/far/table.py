@@ -303,12 +303,12 @@ class Parking:
                 return connection.execute(sql, args).fetchall()
 
         def first(connection: psycopg.Connection[Any]) -> list[Any]:
+            self._connection = connection  # before the locks: whatever fails next, release() gives them back
             with connection.pipeline():
                 connection.execute(self.LOCK, self._lock_args)
                 if begin:
                     connection.execute("BEGIN")
                 cursor = connection.execute(sql, args)
-            self._connection = connection
             return cursor.fetchall()
 
         return self._table._run(doing, first)
@@ -320,6 +320,8 @@ class Parking:
             return
         if not commit:
             with suppress(psycopg.Error):  # a broken connection took its locks with it
+                if connection.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
+                    connection.execute("ROLLBACK")  # a failed statement's transaction refuses the unlock
                 connection.execute("SELECT pg_advisory_unlock_all()")
             return
         with self._table._failures("committing far messages"), connection.pipeline():
