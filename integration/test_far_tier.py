@@ -49,6 +49,16 @@ def tiered(
     client.close()
 
 
+@pytest.fixture
+def own_postgres() -> Iterator[PostgresServer]:
+    """A PostgreSQL of the test's own, to stop and restart; stopped however the test ends."""
+    server = PostgresServer()
+    try:
+        yield server.start()
+    finally:
+        server.close()
+
+
 def redis_holds(client: redis.Redis, store: DelayStore) -> tuple[int, int]:
     return client.zcard(store.keys.due), client.hlen(store.keys.msg)
 
@@ -198,9 +208,9 @@ def test_stale_tokens_are_dropped_only_when_their_rows_are_gone(tiered: Any) -> 
 
 
 def test_postgresql_down_refuses_far_parks_clearly_and_promotion_goes_on(
-    redis_server: EmbeddedRedis, unique: str
+    redis_server: EmbeddedRedis, own_postgres: PostgresServer, unique: str
 ) -> None:
-    server = PostgresServer().start()
+    server = own_postgres
     client = redis_server.client()
     store = DelayStore(
         client, namespace=f"pgdown-{unique}", far_tier=FarTier(server.url, horizon=HORIZON, sweep_interval=0.2)
@@ -226,16 +236,15 @@ def test_postgresql_down_refuses_far_parks_clearly_and_promotion_goes_on(
     finally:
         client.delete(target, *client.scan_iter(match=store.keys.pattern))
         client.close()
-        server.close()
 
 
 @pytest.mark.slow
 def test_sweepers_killed_and_postgresql_restarted_lose_and_duplicate_nothing(
-    redis_server: EmbeddedRedis, unique: str
+    redis_server: EmbeddedRedis, own_postgres: PostgresServer, unique: str
 ) -> None:
     """Exactly-once path: 4 promoter processes, each a sweeper, SIGKILLed at random (20 kills) while 20,000 far
     messages come within the horizon, and PostgreSQL restarted (immediate stop, as a crash) twice."""
-    server = PostgresServer().start()
+    server = own_postgres
     client = redis_server.client()
     namespace = f"farchaos-{unique}"
     tier = FarTier(server.url, horizon=1.0, sweep_interval=0.1, batch=100, lease=5.0)
@@ -276,7 +285,6 @@ def test_sweepers_killed_and_postgresql_restarted_lose_and_duplicate_nothing(
         promoters.stop()
         client.delete(target, *client.scan_iter(match=store.keys.pattern))
         client.close()
-        server.close()
 
 
 @pytest.fixture(scope="module")
@@ -427,8 +435,10 @@ def test_stats_and_listings_see_each_message_once_while_rows_move(tiered: Any) -
     assert store.stats().far == 0 and redis_holds(client, store) == (count, count)
 
 
-def test_the_first_parks_after_postgresql_restarted_succeed(redis_server: EmbeddedRedis, unique: str) -> None:
-    server = PostgresServer().start()
+def test_the_first_parks_after_postgresql_restarted_succeed(
+    redis_server: EmbeddedRedis, own_postgres: PostgresServer, unique: str
+) -> None:
+    server = own_postgres
     client = redis_server.client()
     store = DelayStore(
         client, namespace=f"pgrestart-{unique}", far_tier=FarTier(server.url, horizon=HORIZON, sweep_interval=0.2)
@@ -444,7 +454,6 @@ def test_the_first_parks_after_postgresql_restarted_succeed(redis_server: Embedd
     finally:
         client.delete(*client.scan_iter(match=store.keys.pattern))
         client.close()
-        server.close()
 
 
 def test_an_id_postgresql_cannot_hold_is_refused_for_the_far_tier_only(tiered: Any) -> None:
