@@ -43,7 +43,7 @@ def decode_payload(framework: str, payload: bytes) -> dict[str, Any]:
         return result
     try:
         message = json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):  # nested thousands deep: shown as the text it is
         result.update(format="text", text=text)
         return result
     result.update(format="json", message=message)
@@ -86,7 +86,7 @@ def decode_celery_body(message: dict[str, Any]) -> dict[str, Any]:
         try:
             described.update(format="json", value=json.loads(decoded))
             return described
-        except ValueError:
+        except (ValueError, RecursionError):
             pass
     described.update(format="text", text=decoded)
     return described

@@ -107,7 +107,9 @@ class Envelope:
         if not separator:
             raise CorruptEnvelope("malformed envelope: no header line")
         try:
-            header = json.loads(line)
+            # Decoded as UTF-8 first: json.loads of bytes would also take UTF-16 or a byte-order mark, which
+            # the scripts' reader refuses, and a record must read the same in Python and in Lua.
+            header = json.loads(line.decode("utf-8"))
         except (UnicodeDecodeError, ValueError) as error:
             raise CorruptEnvelope(f"malformed envelope: header is not JSON ({error})") from None
         except RecursionError:
@@ -115,8 +117,9 @@ class Envelope:
             raise CorruptEnvelope("malformed envelope: header is nested too deeply") from None
         if not isinstance(header, dict):
             raise CorruptEnvelope("malformed envelope: header is not a JSON object")
-        if header.get("v") != 1:
-            raise CorruptEnvelope(f"unsupported envelope version {header.get('v')!r}")
+        version = header.get("v")
+        if version != 1 or isinstance(version, bool):  # True == 1 in Python, not in JSON
+            raise CorruptEnvelope(f"unsupported envelope version {version!r}")
         route, name, hash_field = header.get("r"), header.get("n"), header.get("h")
         extra, parked_at = header.get("x", {}), header.get("t", 0)
         if not isinstance(route, str) or not route:
@@ -191,7 +194,7 @@ def _decode_v2(raw: bytes) -> Envelope:
     if flags & _EXTRAS:
         text = reader.take(int.from_bytes(reader.take(4, "extras"), "big"), "extras")
         try:
-            extra = json.loads(text)
+            extra = json.loads(text.decode("utf-8"))  # UTF-8 only, as the scripts read it (see decode)
         except (UnicodeDecodeError, ValueError, RecursionError):
             raise CorruptEnvelope("malformed envelope: extras are not JSON") from None
         if not isinstance(extra, dict):

@@ -281,6 +281,26 @@ PLANTED_CASES: list[tuple[str, bytes | None, str]] = [
     ("binary header cut in its route", b"\x02\x00" + bytes(6) + b"\x03raw\x00\x09rea", "truncated header"),
     ("binary header, unknown route", Envelope(route="somewhere-else", payload=b"p").encode(), "unknown route"),
     ("binary header, hash route without its field", Envelope(route="hashed", payload=b"p").encode(), "no hash field"),
+    # JSON cannot write an infinite version back: a reason built with cjson.encode failed the whole script after
+    # it had taken the batch, and every message of it was lost.
+    ("version too large for a double", b'{"v":1e999,"f":"raw","r":"ready"}\npayload', "unsupported envelope version"),
+    ("version true", b'{"v":true,"f":"raw","r":"ready"}\npayload', "unsupported envelope version"),
+    ("header after a byte-order mark", b'\xef\xbb\xbf{"v":1,"f":"raw","r":"ready"}\npayload', "header is not"),
+    (
+        "binary header with flags of a later format",
+        b"\x02\x30" + Envelope(route="ready", payload=b"p").encode()[2:],
+        "unknown flags 0x30",
+    ),
+    (
+        "binary header, name not UTF-8",
+        b"\x02\x01" + bytes(6) + b"\x03raw\x00\x05ready\x00\x02\xff\xfepayload",
+        "name is not UTF-8",
+    ),
+    (
+        "binary header, extras a JSON array",
+        b"\x02\x08" + bytes(6) + b"\x03raw\x00\x05ready\x00\x00\x00\x02[]payload",
+        "extras are not",
+    ),
 ]
 
 

@@ -302,6 +302,20 @@ def test_show_binary_payload_is_escaped_never_unpickled_and_never_reaches_the_te
     assert "\\x80\\x04\\x95pickle\\x1b[31m" in text and "\x1b" not in text
 
 
+@pytest.mark.parametrize("depth", [900, 5000])
+def test_show_and_search_survive_a_payload_nested_thousands_deep(run, store: DelayStore, depth: int):
+    deep = b"[" * depth + b'"\xc3\xa9"' + b"]" * depth  # JSON that only a deep enough parser takes
+    body = base64.b64encode(deep).decode()
+    celery = json.dumps({"body": body, "content-type": "application/json", "properties": {"body_encoding": "base64"}})
+    store.park("deep-dramatiq", Envelope("default", deep, framework="dramatiq"), delay=60)
+    store.park("deep-celery", Envelope("celery", celery.encode(), framework="celery"), delay=60)
+    for id in ("deep-dramatiq", "deep-celery"):
+        assert run("show", id).exit_code == 0
+        assert as_json(run("show", id, "--json"))["id"] == id
+    found = as_json(run("ls", "--json", "--text", "é"))
+    assert {m["id"] for m in found["messages"]} <= {"deep-dramatiq", "deep-celery"}
+
+
 def test_show_unknown_id_fails_clearly(run, populated):
     result = run("show", "nope")
     assert result.exit_code == 1 and "no message 'nope'" in result.output

@@ -94,6 +94,10 @@ def test_envelope_round_trip_keeps_payload_bytes_opaque(envelope, version):
         (b'{"v": 1, "f": "raw", "r": "q", "x": []}\n', "extras"),
         (b'{"v": 1, "f": "raw", "r": "q", "t": "yesterday"}\n', "parked-at"),
         (b"\xff\xfe\n", "not JSON"),
+        # Read as the scripts read them: JSON is true, not 1, and UTF-8 only.
+        (b'{"v": true, "f": "raw", "r": "q"}\n', "unsupported envelope version True"),
+        (b'\xef\xbb\xbf{"v": 1, "f": "raw", "r": "q"}\n', "not JSON"),
+        ('{"v": 1, "f": "raw", "r": "q"}\n'.encode("utf-16"), "not JSON"),
     ],
 )
 def test_corrupt_envelopes_are_refused_with_the_reason(raw, message):
@@ -111,6 +115,7 @@ def test_the_binary_header_is_compact_and_keeps_a_uuid_hash_field_in_16_bytes():
     assert Envelope.decode(compact).hash_field == UUID_TEXT
 
 
+UTF16_EXTRAS = len('{"a":1}'.encode("utf-16")).to_bytes(4, "big") + '{"a":1}'.encode("utf-16")
 GOOD_V2 = Envelope(route="q", payload=b"payload", name="n", hash_field="h", extra={"k": 1}).encode()
 
 
@@ -127,6 +132,7 @@ GOOD_V2 = Envelope(route="q", payload=b"payload", name="n", hash_field="h", extr
         (b"\x02\x08\x00\x00\x00\x00\x00\x00\x03raw\x00\x01q\x00\x00\x00\x02[]", "extras are not an object"),
         (b"\x02\x08\x00\x00\x00\x00\x00\x00\x03raw\x00\x01q\x00\x00\x00\x02{x", "extras are not JSON"),
         (GOOD_V2[:-12], "truncated header, in its extras"),
+        (b"\x02\x08" + bytes(6) + b"\x03raw\x00\x01q" + UTF16_EXTRAS, "extras are not JSON"),
     ],
 )
 def test_corrupt_binary_envelopes_are_refused_with_the_reason(raw, message):

@@ -91,6 +91,43 @@ local function uuid_text(envelope, at)
         .. '-' .. hex(i * 256 + j, 4) .. '-' .. hex(k * 256 + l, 4) .. hex(m * 256 + n, 4) .. hex(o * 256 + p, 4)
 end
 
+-- Whether `text` is UTF-8 as Python's strict decoder has it (no overlong forms, surrogates or code points
+-- past U+10FFFF), so that a record both readers see alike. ASCII, the usual case, costs one find.
+local function is_utf8(text)
+    if not find(text, '[\128-\255]') then
+        return true
+    end
+    local i, size = 1, #text
+    while i <= size do
+        local c = byte(text, i)
+        local extra, low, high = 0, 0x80, 0xBF
+        if c >= 0xC2 and c <= 0xDF then
+            extra = 1
+        elseif c >= 0xE0 and c <= 0xEF then
+            extra = 2
+            low = c == 0xE0 and 0xA0 or 0x80
+            high = c == 0xED and 0x9F or 0xBF
+        elseif c >= 0xF0 and c <= 0xF4 then
+            extra = 3
+            low = c == 0xF0 and 0x90 or 0x80
+            high = c == 0xF4 and 0x8F or 0xBF
+        elseif c >= 0x80 then
+            return false
+        end
+        if i + extra > size then
+            return false
+        end
+        for k = 1, extra do
+            local b = byte(text, i + k)
+            if b < (k == 1 and low or 0x80) or b > (k == 1 and high or 0xBF) then
+                return false
+            end
+        end
+        i = i + extra + 1
+    end
+    return true
+end
+
 -- The text of a field at `at` (a u16 length, then the bytes) and the position after it, or nil when the
 -- envelope ends first. A plain function, not a closure: it runs for every message of a batch.
 local function field_text(envelope, at, size)
@@ -110,6 +147,9 @@ local function open_binary(envelope)
         return nil, nil, TRUNCATED
     end
     local flags = byte(envelope, 2)
+    if flags >= 16 then  -- bits of a later format: its fields cannot be found, nor the payload
+        return nil, nil, string.format('malformed envelope: unknown flags 0x%02x', flags)
+    end
     -- The framework is skipped, not read: no script uses it, and a string per message costs a batch.
     local route, at = field_text(envelope, 10 + byte(envelope, 9), size)
     if not route then
@@ -133,6 +173,8 @@ local function open_binary(envelope)
             header.h, at = field_text(envelope, at, size)
             if not header.h then
                 return nil, nil, TRUNCATED
+            elseif not is_utf8(header.h) then
+                return nil, nil, 'malformed envelope: hash field is not UTF-8'
             end
         end
     end
@@ -142,14 +184,42 @@ local function open_binary(envelope)
         if not length or at + 3 + length > size then
             return nil, nil, TRUNCATED
         end
+        -- An object, not an array: cjson decodes both to a table, an empty array like an empty object.
+        local object = find(envelope, '^[ \t\n\r]*{', at + 4)
         local ok, extras = pcall(decode, sub(envelope, at + 4, at + 3 + length))
-        if not ok or type(extras) ~= 'table' then
+        if not object or not ok or type(extras) ~= 'table' or extras[1] ~= nil then
             return nil, nil, 'malformed envelope: extras are not a JSON object'
         end
         header.x = extras
         at = at + 4 + length
     end
     return header, sub(envelope, at), nil
+end
+
+-- What is wrong with a version 1 (JSON) header, as delay_broker.envelope refuses it, or nil. No value read
+-- here goes through cjson.encode: it refuses NaN and infinities, and an error half-way through a promotion
+-- would lose the messages already taken.
+local function json_header_problem(header)
+    local null = cjson.null
+    if header.v ~= 1 then
+        local v = header.v
+        local shown = type(v) == 'number' and tostring(v) or type(v) == 'string' and string.format('%q', v)
+            or (v == nil or v == null) and 'None' or type(v)
+        return 'unsupported envelope version ' .. shown
+    elseif type(header.r) ~= 'string' or header.r == '' then
+        return 'malformed envelope: no route'
+    elseif type(header.f) ~= 'string' then
+        return 'malformed envelope: no framework'
+    elseif header.n ~= nil and header.n ~= null and type(header.n) ~= 'string' then
+        return 'malformed envelope: name is not a string'
+    elseif header.h ~= nil and header.h ~= null and type(header.h) ~= 'string' then
+        return 'malformed envelope: hash field is not a string'
+    elseif header.x ~= nil and (type(header.x) ~= 'table' or header.x[1] ~= nil) then
+        return 'malformed envelope: extras are not an object'
+    elseif header.t ~= nil and (type(header.t) ~= 'number' or header.t % 1 ~= 0) then
+        return 'malformed envelope: parked-at is not an integer'
+    end
+    return nil
 end
 
 -- Splits an envelope into its header table and payload; returns nil and a reason when malformed.
@@ -164,6 +234,10 @@ local function open_envelope(envelope)
     local ok, header = pcall(decode, sub(envelope, 1, newline - 1))
     if not ok or type(header) ~= 'table' or header[1] ~= nil then
         return nil, nil, 'malformed envelope: header is not a JSON object'
+    end
+    local problem = json_header_problem(header)
+    if problem then
+        return nil, nil, problem
     end
     return header, sub(envelope, newline + 1), nil
 end

@@ -86,16 +86,19 @@ if ready > 0 then
         else
             local header, payload, problem = open_envelope(envelope)
             local route = header and routes[header.r]
+            local name = header and type(header.n) == 'string' and header.n or ''
+            -- Looked up route then name, not by a joined key: a key string per message costs a batch.
+            local of_route = route and counted[header.r]
+            local group_index = of_route and of_route[name]
             if problem then
                 fail(id, envelope, problem)
-            elseif header.v ~= 1 and header.v ~= 2 then
-                fail(id, envelope, 'unsupported envelope version ' .. cjson.encode(header.v))
-            elseif type(header.r) ~= 'string' then
-                fail(id, envelope, 'malformed envelope: no route')
             elseif not route then
                 fail(id, envelope, 'unknown route ' .. cjson.encode(header.r) .. ': not declared by the application')
             elseif route.mode == 'hash' and type(header.h) ~= 'string' then
                 fail(id, envelope, 'malformed envelope: no hash field for route ' .. header.r)
+            elseif not group_index and not is_utf8(name) then
+                -- Checked once per name of a batch, not per message: names repeat, and the check is not free.
+                fail(id, envelope, 'malformed envelope: name is not UTF-8')
             else
                 local group = pushes[header.r]
                 if not group then
@@ -114,14 +117,10 @@ if ready > 0 then
                 end
                 promoted = promoted + 1
                 lateness[promoted] = now - due_of(due[n * 2])
-                local name = type(header.n) == 'string' and header.n or ''
-                -- Looked up route then name, not by a joined key: a key string per message costs a batch.
-                local of_route = counted[header.r]
                 if not of_route then
                     of_route = {}
                     counted[header.r] = of_route
                 end
-                local group_index = of_route[name]
                 if not group_index then
                     by_task[#by_task + 1] = {header.r, name, 0}
                     group_index = #by_task
