@@ -126,7 +126,8 @@ class DelayStore:
       far_tier: a :class:`~delay_broker.far.FarTier` (or its PostgreSQL URL) to keep messages due beyond its
         horizon out of Redis until they come within it (see :mod:`delay_broker.far`). ``None`` (default):
         every message is parked in Redis.
-      far_horizon: the horizon when ``far_tier`` is given as a URL (default 6 hours).
+      far_horizon: the horizon when ``far_tier`` is given as a URL (default 6 hours); sweeps then run every 5 s,
+        or four times per horizon if that is shorter.
     """
 
     HISTOGRAM_EDGES = (60_000, 3_600_000, 86_400_000)
@@ -190,7 +191,7 @@ class DelayStore:
         self._layout_recorded = False
         self._scripts = {name: client.register_script(scripts.source(name)) for name in scripts.NAMES}
         if isinstance(far_tier, str):
-            far_tier = FarTier(far_tier) if far_horizon is None else FarTier(far_tier, horizon=far_horizon)
+            far_tier = FarTier(far_tier) if far_horizon is None else FarTier.with_horizon(far_tier, far_horizon)
         self.far_tier = far_tier
         self._far = None if far_tier is None else far_tier.table_for(f"{prefix}:{namespace}")
         self._clock_offset: tuple[float, int] | None = None

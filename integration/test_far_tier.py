@@ -18,6 +18,7 @@ import redis
 from click.testing import CliRunner
 
 from delay_broker import DelayStore, Envelope, ListTarget, ParkRequest, Promoter
+from delay_broker.celery import cancel as celery_cancel
 from delay_broker.cli import cli
 from delay_broker.deliverers import DirectLists
 from delay_broker.embedded import EmbeddedRedis
@@ -26,6 +27,7 @@ from delay_broker.far import FarRow, FarTier
 from delay_broker.operations import MessageFilter, Operations
 from tests.helpers import wait_for as shared_wait_for
 
+from .celery_apps.brokers import env_for
 from .servers import PostgresServer
 from .test_chaos_redis import Promoters, delivered, figures
 from .test_dramatiq_brokers import Deployment, running
@@ -521,3 +523,28 @@ def test_a_park_that_fails_in_redis_gives_its_locks_back(tiered: Any) -> None:
     thread.join(10)
     assert parked and parked[0].outcome == "replaced", "the failed park's locks were never given back"
     assert store.stats().far == 0 and redis_holds(client, store) == (1, 1)
+
+
+def test_a_real_celery_worker_runs_a_far_task_once_after_due(
+    request: pytest.FixtureRequest, postgres: PostgresServer, unique: str
+) -> None:
+    """Celery with the tier in its transport options: the worker's promoter sweeps it, and the adapter's
+    cancel reaches a far task."""
+    env = env_for("redis", request, unique, options={"far_tier": postgres.url, "far_horizon": HORIZON})
+    store = DelayStore(env.store_client, namespace=env.store.keys.namespace, far_tier=FarTier(postgres.url))
+    try:
+        env.start_worker("w1")
+        sent_at = time.time()
+        result = env.task("record").apply_async(("far",), countdown=HORIZON + 3)
+        cancelled = env.task("record").apply_async(("cancelled",), countdown=HORIZON + 3)
+        info = store.get(result.id)
+        assert info is not None and info.due_ms is not None and store.stats().far == 2  # in PostgreSQL
+        assert celery_cancel(env.app, cancelled.id) and store.stats().far == 1
+        wait_for(lambda: env.runs(result.id), 30, "the far task ran")
+        run = env.runs(result.id)[0]
+        assert run["t"] >= info.due_ms / 1000 - 0.05 and run["t"] >= sent_at + HORIZON + 3 - 0.5
+        time.sleep(1.5)
+        assert len(env.runs(result.id)) == 1 and env.runs(cancelled.id) == []
+        assert store.stats().far == 0 and store.stats().parked == 0
+    finally:
+        env.close()

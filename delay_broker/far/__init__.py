@@ -84,6 +84,12 @@ class FarTier:
         if self.horizon_ms <= self.sweep_interval * 1000:
             raise ConfigurationError("far tier: horizon must be longer than sweep_interval, or messages arrive late")
 
+    @classmethod
+    def with_horizon(cls, url: str, horizon: Delay) -> FarTier:
+        """The tier at ``url`` with this horizon, swept every ``sweep_interval`` (5 s) or four times per horizon
+        if that is more often: what a URL and a horizon in framework options give."""
+        return cls(url, horizon=horizon, sweep_interval=min(cls.sweep_interval, delay_to_ms(horizon) / 4000))
+
     def table_for(self, namespace: str) -> FarTable:
         # Imported here: psycopg is the optional extra delay_broker[postgres], and the core must not need it.
         try:
