@@ -6,6 +6,7 @@ threshold is 1 s, so a countdown of a few seconds is parked and anything under a
 
 from __future__ import annotations
 
+import logging
 import time
 import uuid
 from collections.abc import Iterator
@@ -95,3 +96,37 @@ def test_cancel_revoke_and_expiry_before_due_mean_never_run(env: CeleryEnv) -> N
     wait_for(lambda: env.runs(control.id), 30, what="control task ran")
     time.sleep(2)
     assert env.runs(cancelled.id) == [] and env.runs(revoked.id) == [] and env.runs(expired.id) == []
+
+
+def test_a_task_id_published_twice_is_parked_once_and_a_warning_says_so(
+    env: CeleryEnv, caplog: pytest.LogCaptureFixture
+) -> None:
+    task_id = str(uuid.uuid4())
+    with caplog.at_level(logging.WARNING, logger="delay_broker.celery"):
+        env.task("record").apply_async(("monday",), countdown=60, task_id=task_id)
+        assert "replaces" not in caplog.text
+        env.task("record").apply_async(("tuesday",), countdown=60, task_id=task_id)
+    assert f"task dbtest.record[{task_id}] replaces a task of the same id that was parked" in caplog.text
+    info = env.store.get(task_id)
+    assert info is not None and info.raw is not None and b"tuesday" in info.raw and b"monday" not in info.raw
+    assert cancel(env.app, task_id)
+
+
+def test_native_delayed_delivery_of_quorum_queues_is_left_to_rabbitmq(request: pytest.FixtureRequest) -> None:
+    """Celery 5.5+ sends a countdown to a quorum queue through RabbitMQ's own delay exchanges, where no worker
+    holds it; parking that publish delayed the task twice (a 30-day countdown ran after 60 days)."""
+    pytest.importorskip("kombu.transport.native_delayed_delivery", reason="Celery < 5.5: no native delayed delivery")
+    env = env_for("amqp", request, uuid.uuid4().hex[:10])
+    env.env["DBT_QUORUM"] = "1"
+    try:
+        env.start_worker("w1")
+        sent_at = time.time()
+        result = env.task("record").apply_async(("quorum",), countdown=4)
+        assert env.store.get(result.id) is None, "left to RabbitMQ's delay exchanges, not parked"
+        wait_for(lambda: env.runs(result.id), 30, what="the task ran")
+        ran_after = env.runs(result.id)[0]["t"] - sent_at
+        assert 4 - 0.1 <= ran_after < 4 + 3, f"ran after {ran_after:.1f} s (twice delayed would be 8)"
+        time.sleep(1)
+        assert len(env.runs(result.id)) == 1
+    finally:
+        env.close()

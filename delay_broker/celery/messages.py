@@ -63,6 +63,7 @@ class TaskInfo:
     name: str | None
     eta: datetime | None
     expires: datetime | None
+    retries: int = 0
 
 
 def task_info(headers: Mapping[str, Any] | None) -> TaskInfo | None:
@@ -72,7 +73,14 @@ def task_info(headers: Mapping[str, Any] | None) -> TaskInfo | None:
     task_id, name = headers.get("id"), headers.get("task")
     if not isinstance(task_id, str) or not task_id or not isinstance(name, str):
         return None
-    return TaskInfo(task_id, name, parse_celery_time(headers.get("eta")), parse_celery_time(headers.get("expires")))
+    retries = headers.get("retries")
+    return TaskInfo(
+        task_id,
+        name,
+        parse_celery_time(headers.get("eta")),
+        parse_celery_time(headers.get("expires")),
+        retries if isinstance(retries, int) and not isinstance(retries, bool) else 0,
+    )
 
 
 # -- virtual transports (redis, SQS): the message dict that Channel._put receives --------------------------

@@ -61,14 +61,22 @@ class Parker:
         return info.eta
 
     def park(self, info: TaskInfo, due: datetime, route: str, payload: bytes, extra: dict[str, Any]) -> None:
-        """Park under the task id (a re-publish of the same id replaces it, as a re-sent message would)."""
+        """Park under the task id: one parked message per id, so a re-publish of the id replaces it (as a
+        retry of a parked task does on purpose). Celery would run both: said in a WARNING."""
         self.routes.record(route)
         envelope = Envelope(route=route, payload=payload, framework=FRAMEWORK, name=info.name, extra=extra)
         captured = _captured.get()
         if captured is not None:
             captured.append(envelope)
             return
-        self.store.park(info.id, envelope, due=due)
+        parked = self.store.park(info.id, envelope, due=due)
+        if parked.outcome == "replaced" and not info.retries:
+            logger.warning(
+                "delay_broker: task %s[%s] replaces a task of the same id that was parked (one parked task per id; "
+                "give each task its own id, or route it to a single queue)",
+                info.name,
+                info.id,
+            )
         if info.expires is not None and info.expires <= due:
             logger.info(
                 "delay_broker: task %s[%s] expires at %s, before it is due at %s: Celery will discard it on delivery",

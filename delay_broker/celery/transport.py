@@ -16,6 +16,7 @@ pidbox ``revoke`` broadcast is seen in ``basic_publish`` on all of them and canc
 from __future__ import annotations
 
 import logging
+import re
 from typing import Any, ClassVar
 
 from celery.signals import worker_init
@@ -136,6 +137,9 @@ class SentinelTransport(DelayBrokerTransport, kombu_redis.SentinelTransport):
 
 # -- pyamqp ----------------------------------------------------------------------------------------------------
 
+NATIVE_DELAY_EXCHANGE = re.compile(r"(?:^|_)celery_delayed_\d+$")
+"""The exchanges of Celery's native delayed delivery (kombu.transport.native_delayed_delivery.level_name)."""
+
 
 def _publish_args(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, str, str]:
     msg = args[0] if args else kwargs.get("msg")
@@ -157,6 +161,10 @@ class AmqpChannel(kombu_pyamqp.Channel):
             return False
         properties = msg.properties
         _watch_control(parker, exchange, msg.body, properties.get("content_type"), properties.get("content_encoding"))
+        if NATIVE_DELAY_EXCHANGE.search(exchange):
+            # Celery's native delayed delivery (quorum queues): RabbitMQ holds the message in its delay
+            # exchanges, not a worker, and the routing key encodes the delay; parked, it would be delayed twice.
+            return False
         info = task_info(properties.get("application_headers"))
         due = parker.due_if_parked(info)
         if info is None or due is None:

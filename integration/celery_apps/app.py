@@ -9,6 +9,8 @@ with :func:`make_app` and a dict, to send tasks with exactly the worker's config
 - ``DBT_QUEUE``: the test's own default queue.
 - ``DBT_RECORD_URL`` / ``DBT_RECORD_KEY``: where executions are recorded (RPUSH of a JSON line).
 - ``DBT_SCHEDULE``: optional cron expression on which ``dbtest.record("cron")`` runs (schedule ``tick``).
+- ``DBT_QUORUM``: set, the queue is a RabbitMQ quorum queue on a topic exchange (Celery's native delayed
+  delivery).
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from typing import Any
 
 import redis
 from celery import Celery
+from kombu import Exchange, Queue
 
 
 def make_app(env: Mapping[str, str]) -> Celery:
@@ -29,6 +32,13 @@ def make_app(env: Mapping[str, str]) -> Celery:
         app.conf.broker_transport = env["DBT_TRANSPORT"]
     app.conf.broker_transport_options = json.loads(env.get("DBT_OPTIONS") or "{}")
     app.conf.task_default_queue = env["DBT_QUEUE"]
+    if env.get("DBT_QUORUM"):
+        queue = env["DBT_QUEUE"]
+        arguments = {"x-queue-type": "quorum"}
+        app.conf.task_queues = [
+            Queue(queue, Exchange(queue, type="topic"), routing_key=queue, queue_arguments=arguments)
+        ]
+        app.conf.task_default_exchange_type = "topic"
     app.conf.broker_connection_retry_on_startup = True
     app.conf.worker_hijack_root_logger = False
     app.conf.worker_prefetch_multiplier = 4
