@@ -82,14 +82,7 @@ class FarTable:
         that broke while idle (a restarted server) fails at BEGIN, before anything was done: a new one is opened
         then, once, so the first transaction after a restart does not fail while PostgreSQL is up."""
         with self._failures(doing), ExitStack() as stack:
-            try:
-                connection = self._connection()
-                stack.enter_context(connection.transaction())
-            except psycopg.OperationalError:
-                self._drop_connection()
-                connection = self._connection()
-                stack.enter_context(connection.transaction())
-            yield connection
+            yield self._run(doing, lambda connection: (stack.enter_context(connection.transaction()), connection)[1])
 
     def _run(self, doing: str, work: Callable[[psycopg.Connection[Any]], T]) -> T:
         """``work`` on this thread's connection; once more on a new connection if the old one had broken (a
