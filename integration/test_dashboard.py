@@ -111,6 +111,14 @@ def page(browser: Browser) -> Iterator[Page]:
     context.close()
 
 
+def post_form(url: str, fields: dict[str, str]) -> Any:
+    """POST ``fields`` with a valid CSRF token (the cookie and the field agree)."""
+    token = "t" * 43
+    form = urllib.parse.urlencode({**fields, "csrf_token": token}).encode()
+    request = urllib.request.Request(url, data=form, headers={"Cookie": f"delay_broker_csrf={token}"})
+    return urllib.request.urlopen(request, timeout=10)
+
+
 def number(page: Page, selector: str) -> int:
     return int(page.locator(selector).inner_text().replace(",", ""))
 
@@ -167,6 +175,43 @@ def test_a_bulk_cancel_shows_its_count_and_removes_exactly_those(dashboards, pag
     assert "4 of 4" in page.locator("#result").inner_text()
     after = {info.id for info in served.store.iter_all("due")}
     assert after == set(before) - reports, "exactly the matching messages are gone"
+
+
+@pytest.mark.parametrize("target", [" ", "victim-a\nvictim-b-not", "victim-a\r\n"], ids=repr)
+def test_a_single_message_action_touches_that_message_alone(
+    redis_server: EmbeddedRedis, page: Page, target: str
+) -> None:
+    """Ids may be blank or hold line breaks: the message page's button acts on its own message, never on the
+    whole store (an empty id list once meant "no filter") nor on a message whose id is a line of this one."""
+    store = DelayStore(redis_server.client(), namespace=f"websingle-{uuid.uuid4().hex[:8]}")
+    others = ["victim-a", "victim-b-not", "bystander"]
+    for id in {target, *others}:
+        store.park(id, Envelope("emails", b"{}"), delay=3600)
+    url, server, thread = serve(create_app(store))
+    try:
+        page.goto(url + "/message?" + urllib.parse.urlencode({"id": target}))
+        assert page.locator("#single-cancel").count() == 1, "the message's own page"
+        page.click("#single-cancel")
+        assert "1" in page.locator("#confirm-count").inner_text()
+        page.click("#confirm")
+        assert "1 of 1" in page.locator("#result").inner_text()
+        assert {info.id for info in store.iter_all("due")} == set(others) - {target}
+    finally:
+        server.should_exit = True
+        thread.join(10)
+        store.client.delete(*store.keys.all())
+
+
+def test_an_action_naming_no_message_and_no_filter_is_refused(dashboards) -> None:
+    """A form without ids and without scope=filter touches nothing (it once meant every parked message)."""
+    served, _ = dashboards
+    parked = served.store.stats().parked
+    for fields in ({"ids": ""}, {"ids": "[]"}, {"ids": "[1]"}, {}):
+        form = {"action": "cancel", "confirmed": "yes", **fields}
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            post_form(served.url + "/actions", form)
+        assert refused.value.code == 400, fields
+    assert served.store.stats().parked == parked
 
 
 def test_read_only_mode_offers_and_accepts_no_write(dashboards, page: Page) -> None:

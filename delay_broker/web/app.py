@@ -5,6 +5,7 @@ anywhere but the app itself. Every write is a POST with a CSRF token; a read-onl
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Callable
 from functools import partial
 from importlib import resources
@@ -181,8 +182,8 @@ class _Dashboard:
         if action not in ACTIONS:
             return self.render(request, "error.html", status=400, message=f"Unknown action {action!r}.")
         label, state = ACTIONS[action]
-        ids = [id for id in fields.get("ids", "").split("\n") if id.strip()]
         try:
+            ids = ids_from(fields)
             filter = None if ids else filter_from(fields, await self.call(self.store.now_ms))
         except ValueError as error:
             return self.render(request, "error.html", status=400, message=str(error))
@@ -224,6 +225,23 @@ class _Dashboard:
         except DelayBrokerError as error:
             return self.render(request, "error.html", status=409, message=str(error))
         return RedirectResponse(f"{request.scope.get('root_path', '')}/schedules", status_code=303)
+
+
+def ids_from(fields: dict[str, str]) -> list[str] | None:
+    """The messages an action names: a JSON list in ``ids`` (one message's page), or None for the filter when
+    ``scope`` is ``filter`` (the bulk form). JSON keeps an id exact: a form field's newlines are rewritten on
+    submission, and an id may be blank or hold one. Anything else is refused rather than read as "everything"."""
+    if "ids" in fields:
+        try:
+            ids = json.loads(fields["ids"])
+        except ValueError:
+            ids = None
+        if not isinstance(ids, list) or not ids or not all(isinstance(id, str) for id in ids):
+            raise ValueError("ids must be a non-empty JSON list of message ids")
+        return ids
+    if fields.get("scope") != "filter":
+        raise ValueError("An action needs the messages it applies to: ids, or scope=filter with a filter.")
+    return None
 
 
 __all__ = ["create_app"]
