@@ -17,7 +17,10 @@ cancelled or moved by someone else meanwhile).
 
 from __future__ import annotations
 
+import base64
 import heapq
+import json
+import math
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -27,6 +30,7 @@ from .clock import Delay, delay_to_ms, ms_to_datetime, score_ceiling, score_floo
 from .decoding import searchable_text
 from .envelope import Envelope
 from .errors import ConfigurationError, CorruptEnvelope
+from .records import IndexScan, Position
 from .store import MAX_BATCH, DelayStore, ListState, MessageInfo
 
 SCAN_PER_CALL = 5000
@@ -122,82 +126,81 @@ class Operations:
         self, filter: MessageFilter, *, cursor: str | None = None, limit: int = 50, max_scan: int = MAX_SCAN
     ) -> Page:
         """One page of matching messages, oldest first (by the state's index), merged over shards. Each shard
-        examines at most ``max_scan`` entries; a page that stops there has fewer messages and a cursor to go on."""
+        examines at most ``max_scan`` entries; a page that stops there has fewer messages and a cursor to go on.
+        The cursor holds each shard's position (the last entry it gave or examined), not an offset: messages
+        promoted, cancelled or parked meanwhile neither hide others from the next page nor bring them back."""
         if not 0 < limit <= MAX_BATCH:
             raise ValueError(f"limit must be 1..{MAX_BATCH}")
-        shards = self._sources(filter)
-        offsets = _cursor(cursor, shards)
-        found: list[list[tuple[int, MessageInfo]]] = []
+        sources = self._sources(filter)
+        positions = _cursor(cursor, sources)
+        found: list[list[tuple[Position, MessageInfo]]] = []
         examined = 0
         ended: list[bool] = []
-        for shard in range(shards):
-            if offsets[shard] < 0:
+        for source in range(sources):
+            position = positions[source]
+            if isinstance(position, _Done):
                 found.append([])
                 ended.append(True)
                 continue
-            matches, seen, exhausted = self._scan(filter, shard, offsets[shard], limit, max_scan=max_scan)
-            found.append(matches)
-            examined += seen
-            ended.append(exhausted and len(matches) <= limit)
-            if not matches:
-                offsets[shard] = -1 if exhausted else offsets[shard] + seen
+            scan = self._scan(filter, source, position, limit, max_scan=max_scan)
+            found.append(scan.matches)
+            examined += scan.examined
+            ended.append(scan.exhausted and len(scan.matches) <= limit)
+            if not scan.matches:
+                positions[source] = _DONE if scan.exhausted else scan.last
         merged = heapq.merge(
             *[
-                [(self._sort_key(info), shard, offset, info) for offset, info in shard_matches]
-                for shard, shard_matches in enumerate(found)
+                [(self._sort_key(info), source, n, position, info) for n, (position, info) in enumerate(matches)]
+                for source, matches in enumerate(found)
             ]
         )
         page: list[MessageInfo] = []
-        consumed: dict[int, int] = {}
-        for _, shard, offset, info in merged:
+        consumed: dict[int, tuple[int, Position]] = {}
+        for _, source, n, position, info in merged:
             if len(page) == limit:
                 break
             page.append(info)
-            consumed[shard] = offset
-        for shard, shard_matches in enumerate(found):
-            if not shard_matches:
-                continue
-            if shard in consumed:
-                rest = [offset for offset, _ in shard_matches if offset > consumed[shard]]
-                if rest or not ended[shard]:
-                    offsets[shard] = consumed[shard] + 1
-                else:
-                    offsets[shard] = -1
-            else:
-                offsets[shard] = shard_matches[0][0]
-        more = any(offset >= 0 for offset in offsets)
-        return Page(page, ".".join(str(offset) for offset in offsets) if more else None, examined)
+            consumed[source] = (n, position)
+        for source, matches in enumerate(found):
+            if source in consumed:
+                n, position = consumed[source]
+                # Matches not given yet are found again from there; the same goes for a shard none was taken
+                # from, whose position stays where it was.
+                positions[source] = position if n + 1 < len(matches) or not ended[source] else _DONE
+        more = any(position is not _DONE for position in positions)
+        return Page(page, _cursor_text(positions) if more else None, examined)
 
     def count(self, filter: MessageFilter, *, max_scan: int = MAX_SCAN) -> Count:
         """How many messages match (a full scan in bounded calls, up to ``max_scan`` entries per shard)."""
         matched = examined = 0
         complete = True
-        for shard in range(self._sources(filter)):
-            offset, shard_examined = 0, 0
-            while True:
-                matches, seen, exhausted = self._scan(filter, shard, offset, MAX_BATCH, max_scan=SCAN_PER_CALL)
-                matched += len(matches)
-                shard_examined += seen
-                offset += seen
-                if exhausted:
-                    break
-                if shard_examined >= max_scan:
+        for source in range(self._sources(filter)):
+            source_examined = 0
+            for scan in self._scans(filter, source):
+                matched += len(scan.matches)
+                source_examined += scan.examined
+                if not scan.exhausted and source_examined >= max_scan:
                     complete = False
                     break
-            examined += shard_examined
+            examined += source_examined
         return Count(matched, examined, complete)
 
     def matches(self, filter: MessageFilter) -> Iterator[MessageInfo]:
         """Every matching message, shard by shard (a full scan in bounded calls)."""
-        for shard in range(self._sources(filter)):
-            offset = 0
-            while True:
-                found, seen, exhausted = self._scan(filter, shard, offset, MAX_BATCH, max_scan=SCAN_PER_CALL)
-                for _, info in found:
+        for source in range(self._sources(filter)):
+            for scan in self._scans(filter, source):
+                for _, info in scan.matches:
                     yield info
-                offset += seen
-                if exhausted:
-                    break
+
+    def _scans(self, filter: MessageFilter, source: int) -> Iterator[IndexScan]:
+        """One source's scans, each going on from where the last stopped, to the end of the window."""
+        position: Position | None = None
+        while True:
+            scan = self._scan(filter, source, position, MAX_BATCH, max_scan=SCAN_PER_CALL)
+            yield scan
+            if scan.exhausted or scan.last is None:
+                return
+            position = scan.last
 
     def _sources(self, filter: MessageFilter) -> int:
         """Where messages of ``filter.state`` are: every shard, and for parked messages the far tier's table."""
@@ -205,22 +208,21 @@ class Operations:
         return len(self.store.shards) + far
 
     def _scan(
-        self, filter: MessageFilter, shard: int, offset: int, limit: int, *, max_scan: int = MAX_SCAN
-    ) -> tuple[list[tuple[int, MessageInfo]], int, bool]:
-        """Matches of one shard (or the far tier, after the shards) from ``offset``: at least ``limit`` of them
-        unless the window or ``max_scan`` ends first (a text filter may bring a few more). Returns the matches
-        with their offsets, the entries examined, and whether the window is exhausted."""
-        found: list[tuple[int, MessageInfo]] = []
+        self, filter: MessageFilter, source: int, after: Position | None, limit: int, *, max_scan: int = MAX_SCAN
+    ) -> IndexScan:
+        """Matches of one shard (or the far tier, after the shards) after the position ``after``: at least
+        ``limit`` of them unless the window or ``max_scan`` ends first (a text filter may bring a few more)."""
+        found: list[tuple[Position, MessageInfo]] = []
         examined = 0
         while len(found) < limit and examined < max_scan:
             # With a text filter most structural matches fail it: take whole chunks, not a page at a time.
             wanted = MAX_BATCH if filter.text else limit - len(found)
             scan = min(SCAN_PER_CALL, max_scan - examined)
-            if shard == len(self.store.shards):
+            if source == len(self.store.shards):
                 reply = self.store.scan_far(
                     start_ms=filter.start_ms,
                     end_ms=filter.end_ms,
-                    offset=offset + examined,
+                    after=after,
                     scan=min(scan, wanted),  # every row the table returns matches the structural filters
                     queue=filter.queue,
                     task=filter.task,
@@ -229,10 +231,10 @@ class Operations:
             else:
                 reply = self.store.scan_index(
                     filter.state,
-                    shard,
+                    source,
                     min_score=_score_bound(filter, "start"),
                     max_score=_score_bound(filter, "end"),
-                    offset=offset + examined,
+                    after=after,
                     scan=scan,
                     limit=wanted,
                     queue=filter.queue,
@@ -240,14 +242,13 @@ class Operations:
                     id_prefix=filter.id_prefix,
                 )
             examined += reply.examined
-            for position, info in reply.matches:
-                if filter.matches_text(info):
-                    found.append((position, info))
+            after = reply.last
+            found.extend((position, info) for position, info in reply.matches if filter.matches_text(info))
             if reply.exhausted:
-                return found, examined, True
+                return IndexScan(examined, True, found, after)
             if reply.examined == 0:
                 break
-        return found, examined, False
+        return IndexScan(examined, False, found, after)
 
     def _sort_key(self, info: MessageInfo) -> tuple[int, str]:
         return (info.due_ms if info.state == "due" else info.at_ms) or 0, info.id
@@ -279,13 +280,13 @@ class Operations:
         action: Action = "reschedule",
     ) -> BulkResult:
         """Give parked messages a new due time (``delay`` from now, or ``due``), all the same instant. A Celery
-        message's own eta header moves with it (see :func:`reschedule_one`): one script call per message, with
-        the envelope the filter's scan already read."""
+        message's own eta header moves with it (see :func:`reschedule_one`): one script call per message, told
+        by the filter's scan whose message it is."""
         if (delay is None) == (due is None):
             raise ValueError("give delay or due")
         targets = self._targets(ids, filter, ("due",))
         when = due if due is not None else ms_to_datetime(self.store.now_ms() + delay_to_ms(delay))
-        skipped = [id for id, info in targets.items() if reschedule_one(self.store, id, when, info) is None]
+        skipped = [id for id, framework in targets.items() if reschedule_one(self.store, id, when, framework) is None]
         return BulkResult(action, len(targets), len(targets) - len(skipped), skipped)
 
     def requeue(self, ids: Sequence[str] | None = None, filter: MessageFilter | None = None) -> BulkResult:
@@ -307,8 +308,9 @@ class Operations:
 
     def _targets(
         self, ids: Sequence[str] | None, filter: MessageFilter | None, states: tuple[ListState, ...]
-    ) -> dict[str, MessageInfo | None]:
-        """The ids to act on, with what the filter's scan read of each (None for ids given as such)."""
+    ) -> dict[str, str | None]:
+        """The ids to act on, each with its message's framework as the filter's scan read it (None for ids given
+        as such). Only that is kept: a filter may match millions of messages of up to a megabyte each."""
         if (ids is None) == (filter is None):
             raise ValueError("give ids or a filter, not both")
         if ids is not None:
@@ -316,7 +318,12 @@ class Operations:
         assert filter is not None
         if filter.state not in states:
             raise ValueError(f"this action applies to {' or '.join(states)} messages, not {filter.state}")
-        return {info.id: info for info in self.matches(filter)}
+        return {info.id: _framework(info) for info in self.matches(filter)}
+
+
+def _framework(info: MessageInfo) -> str:
+    envelope = _envelope(info)
+    return "" if envelope is None else envelope.framework
 
 
 def _envelope(info: MessageInfo) -> Envelope | None:
@@ -338,16 +345,51 @@ def _score_bound(filter: MessageFilter, side: Literal["start", "end"]) -> str:
     return str(value)
 
 
-def _cursor(text: str | None, shards: int) -> list[int]:
+class _Done:
+    """A source whose scan reached the end of the window."""
+
+
+_DONE = _Done()
+CursorPosition = Position | None | _Done
+
+
+def _cursor(text: str | None, sources: int) -> list[CursorPosition]:
+    """Each source's position from a cursor: URL-safe base64 of a JSON list with, per source, null (not
+    started), 0 (done) or the [key, id] of its last entry."""
     if not text:
-        return [0] * shards
+        return [None] * sources
     try:
-        offsets = [int(part) for part in text.split(".")]
-    except ValueError:
+        items = json.loads(base64.urlsafe_b64decode(text.encode("ascii") + b"=" * (-len(text) % 4)))
+    except (ValueError, UnicodeError):
         raise ValueError(f"not a cursor of this store: {text!r}") from None
-    if len(offsets) != shards or any(offset < -1 for offset in offsets):
+    if not isinstance(items, list) or len(items) != sources:
         raise ValueError(f"not a cursor of this store: {text!r}")
-    return offsets
+    positions: list[CursorPosition] = []
+    for item in items:
+        if item is None or item == 0:
+            positions.append(None if item is None else _DONE)
+        elif (
+            isinstance(item, list)
+            and len(item) == 2
+            and all(isinstance(part, str) for part in item)
+            and _is_number(item[0])
+        ):
+            positions.append((item[0], item[1]))
+        else:
+            raise ValueError(f"not a cursor of this store: {text!r}")
+    return positions
+
+
+def _cursor_text(positions: list[CursorPosition]) -> str:
+    items = [0 if position is _DONE else position for position in positions]
+    return base64.urlsafe_b64encode(json.dumps(items, separators=(",", ":")).encode()).decode().rstrip("=")
+
+
+def _is_number(text: str) -> bool:
+    try:
+        return math.isfinite(float(text))
+    except ValueError:
+        return False
 
 
 def _chunks(ids: list[str]) -> Iterator[list[str]]:
@@ -355,19 +397,20 @@ def _chunks(ids: list[str]) -> Iterator[list[str]]:
         yield ids[start : start + MAX_BATCH]
 
 
-def reschedule_one(store: DelayStore, id: str, due: datetime, info: MessageInfo | None = None) -> int | None:
+def reschedule_one(store: DelayStore, id: str, due: datetime, framework: str | None = None) -> int | None:
     """Move one parked message to ``due``; returns its new due time (ms), or None if it is not parked.
-    ``info``: what the store held for it, when the caller just read it (a filter's scan); it decides whether
-    the message is parked and whose it is, never what is written back.
+    ``framework``: the message's (``""`` when its envelope is unreadable), when the caller just read it (a
+    filter's scan); it decides how the message is moved, never what is written back. None: read it here.
 
     A Celery message carries its own eta, which moves with it in the same atomic step (otherwise a task moved
     earlier would wait in a worker for its old eta); that needs celery installed.
     """
-    info = info if info is not None else store.get(id)
-    if info is None or info.state != "due":
-        return None
-    envelope = info.envelope
-    if envelope is not None and envelope.framework == "celery":
+    if framework is None:
+        info = store.get(id)
+        if info is None or info.state != "due":
+            return None
+        framework = _framework(info)
+    if framework == "celery":
         try:
             from .celery.messages import reschedule_parked
         except ImportError:

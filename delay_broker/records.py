@@ -155,6 +155,11 @@ class ScheduleUpdate:
     """Whether the schedule's parked occurrence was cancelled."""
 
 
+Position = tuple[str, str]
+"""Where a scan of one index stands: the sort key of the last entry it examined (a shard's score and id, or a far
+row's due time and token), as text. A scan goes on after it, wherever that entry is now."""
+
+
 @dataclass(frozen=True)
 class IndexScan:
     """One bounded scan of a shard's index (see :meth:`DelayStore.scan_index`)."""
@@ -162,5 +167,7 @@ class IndexScan:
     examined: int
     exhausted: bool
     """Nothing is left in the window after the last entry examined."""
-    matches: list[tuple[int, MessageInfo]]
-    """Each match with its offset in the window."""
+    matches: list[tuple[Position, MessageInfo]]
+    """Each match with its position in the index."""
+    last: Position | None
+    """The position of the last entry examined (where the next scan goes on), None if none was."""

@@ -52,6 +52,7 @@ from .records import (
     OnConflict,
     ParkRequest,
     ParkResult,
+    Position,
     Requeued,
     ScheduleUpdate,
     State,
@@ -983,22 +984,23 @@ class DelayStore:
         *,
         min_score: str,
         max_score: str,
-        offset: int,
+        after: Position | None,
         scan: int,
         limit: int,
         queue: str | None = None,
         task: str | None = None,
         id_prefix: str | None = None,
     ) -> IndexScan:
-        """A bounded scan of one shard's index of ``state`` between two scores, from ``offset``, for messages of
-        ``queue``, ``task`` and ``id_prefix`` (``find.lua``). See :mod:`delay_broker.operations`."""
+        """A bounded scan of one shard's index of ``state`` between two scores, after the position ``after``
+        (None: from the start), for messages of ``queue``, ``task`` and ``id_prefix`` (``find.lua``). See
+        :mod:`delay_broker.operations`."""
         if state not in ("due", "inflight", "dead"):
             raise ValueError(f"state must be 'due', 'inflight' or 'dead', got {state!r}")
         args = [
             state,
             min_score,
             max_score,
-            offset,
+            *(after or ("", "")),
             min(scan, 5000),
             min(limit, MAX_BATCH),
             queue or "",
@@ -1006,29 +1008,34 @@ class DelayStore:
             id_prefix or "",
         ]
         reply = self._run("find", shard, args, write=False)
-        matches = [(int(reply[n]), _listed(state, *reply[n + 1 : n + 6])[1]) for n in range(2, len(reply), 6)]
-        return IndexScan(int(reply[0]), bool(int(reply[1])), matches)
+        matches = [
+            ((_text(reply[n + 1]), _text(reply[n])), _listed(state, *reply[n : n + 5])[1])
+            for n in range(4, len(reply), 5)
+        ]
+        last = (_text(reply[2]), _text(reply[3])) if reply[2] else None
+        return IndexScan(int(reply[0]), bool(int(reply[1])), matches, last)
 
     def scan_far(
         self,
         *,
         start_ms: int | None,
         end_ms: int | None,
-        offset: int,
+        after: Position | None,
         scan: int,
         queue: str | None = None,
         task: str | None = None,
         id_prefix: str | None = None,
     ) -> IndexScan:
         """:meth:`scan_index` of the far tier: rows by due time within ``start_ms``..``end_ms`` of ``queue`` (the
-        envelope's route), ``task`` and ``id_prefix``, filtered by PostgreSQL, so offsets count matching rows and
-        every row examined matches. Exhausted at once without a tier."""
+        envelope's route), ``task`` and ``id_prefix``, filtered by PostgreSQL, so every row examined matches.
+        Positions are a row's due time and token. Exhausted at once without a tier."""
         if self._far is None:
-            return IndexScan(0, True, [])
+            return IndexScan(0, True, [], after)
         count = min(scan, MAX_BATCH)
-        rows = self._far.page(start_ms, end_ms, offset, count, route=queue, name=task, id_prefix=id_prefix)
-        matches = [(offset + n, self._far_info(row)) for n, row in enumerate(rows)]
-        return IndexScan(len(rows), len(rows) < count, matches)
+        after_row = None if after is None else (int(after[0]), int(after[1]))
+        rows = self._far.page(start_ms, end_ms, 0, count, after=after_row, route=queue, name=task, id_prefix=id_prefix)
+        matches = [((str(row.due_ms), str(row.token)), self._far_info(row)) for row in rows]
+        return IndexScan(len(rows), len(rows) < count, matches, matches[-1][0] if matches else after)
 
     def promotion_lateness(self) -> list[tuple[str, int]]:
         """Messages promoted so far, store-wide, by how late (ms after their due time): ``("10", n)`` for under

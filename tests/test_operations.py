@@ -169,3 +169,70 @@ def test_ids_or_a_filter_not_both(sharded):
         Operations(sharded).cancel(ids=["a"], filter=MessageFilter())
     with pytest.raises(ValueError, match="applies to dead messages, not due"):
         Operations(sharded).requeue(filter=MessageFilter(state="due"))
+
+
+def test_paging_goes_on_from_where_it_stopped_while_the_store_changes(sharded):
+    """A cursor is a position, not an offset: messages cancelled, promoted or parked before it meanwhile neither
+    hide later messages from the next page nor show earlier ones again."""
+    expected = populate(sharded)
+    ops = Operations(sharded)
+    emails = sorted((meta["due_ms"], id) for id, meta in expected.items() if meta["queue"] == "emails")
+    first = ops.find(MessageFilter(queue="emails"), limit=17)
+    shown = [info.id for info in first.messages]
+    # Everything before the cursor leaves (the page just shown and every other message due as early) ...
+    last_due = max(expected[id]["due_ms"] for id in shown)
+    sharded.cancel_many([id for id, meta in expected.items() if meta["due_ms"] < last_due or id in shown])
+    # ... and messages are parked both before the cursor (not to be shown) and after it.
+    before = datetime.fromtimestamp((last_due - 1) / 1000, tz=timezone.utc)
+    after = datetime.fromtimestamp((last_due + 10 * HOUR_MS) / 1000, tz=timezone.utc)
+    sharded.park("mail-early", dramatiq_envelope("send_email", "mail-early", queue="emails"), due=before)
+    sharded.park("mail-late", dramatiq_envelope("send_email", "mail-late", queue="emails"), due=after)
+    rest, cursor = [], first.cursor
+    while cursor is not None:
+        page = ops.find(MessageFilter(queue="emails"), cursor=cursor, limit=17)
+        rest.extend(info.id for info in page.messages)
+        cursor = page.cursor
+    wanted = [id for due, id in emails if due >= last_due and id not in shown]
+    assert sorted(rest) == sorted([*wanted, "mail-late"]), "every later message once, none before the cursor"
+
+
+def test_a_bulk_action_misses_nothing_when_messages_ahead_of_its_scan_leave(client, namespace):
+    """The scan behind a bulk action goes on from a position: entries before it removed between two of its
+    calls (a promoter at work) do not make it jump over matching messages."""
+    store = DelayStore(client, namespace=namespace)
+    now = store.now_ms()
+    requests = []
+    for n in range(6000):
+        queue = "emails" if n % 2 else "ready"
+        due = datetime.fromtimestamp((now + HOUR_MS + n) / 1000, tz=timezone.utc)
+        requests.append(ParkRequest(f"{queue}-{n}", dramatiq_envelope("job", f"{queue}-{n}", queue=queue), due=due))
+    store.park_many(requests)
+    ops = Operations(store)
+    seen = []
+    for info in ops.matches(MessageFilter(queue="emails")):
+        if not seen:  # the first scan call is over: everything it went past leaves
+            store.cancel_many([f"ready-{n}" for n in range(0, 6000, 2)])
+        seen.append(info.id)
+    assert len(seen) == len(set(seen)) == 3000
+
+
+def test_a_scan_goes_on_past_messages_sharing_a_score_after_its_last_one_left(sharded):
+    """Dead letters of one batch share their score: a page that ended inside them goes on with the next one by
+    id, also when the last one shown is gone (requeued) by the next page."""
+    past = datetime.now(timezone.utc) - timedelta(minutes=1)
+    ids = [f"tie-{n:03d}" for n in range(120)]
+    sharded.park_many([ParkRequest(id, dramatiq_envelope("charge", id, queue="q"), due=past) for id in ids])
+    for shard in range(len(sharded.shards)):
+        claim = sharded.claim(1000, 60, "ops-test", shard=shard)
+        sharded.nack(claim.lease_deadline_ms, [(m.id, "refused", "dead") for m in claim.messages], shard=shard)
+    ops = Operations(sharded)
+    found, cursor = [], None
+    while True:
+        page = ops.find(MessageFilter(state="dead", queue="q"), cursor=cursor, limit=7)
+        found.extend(info.id for info in page.messages)
+        if page.messages and len(found) % 2:
+            sharded.requeue_dead([page.messages[-1].id])  # the position's own entry leaves
+        cursor = page.cursor
+        if cursor is None:
+            break
+    assert sorted(found) == ids

@@ -200,18 +200,21 @@ class FarTable:
         offset: int,
         count: int,
         *,
+        after: tuple[int, int] | None = None,
         route: str | None = None,
         name: str | None = None,
         id_prefix: str | None = None,
         leaving: Sequence[int] = (),
         on: psycopg.Connection[Any] | None = None,
     ) -> list[FarRow]:
-        """Rows by due time (then parking order) within ``start_ms``..``end_ms``, optionally filtered, but for
-        those whose token is in ``leaving`` (see :meth:`counts`)."""
-        conditions, args = (
-            ["namespace = %s", "token NOT IN (SELECT unnest(%s::bigint[]))"],
-            [self.namespace, list(leaving)],
-        )
+        """Rows by due time (then parking order) within ``start_ms``..``end_ms``, after the row whose due time
+        and token are ``after`` (if given), optionally filtered, but for those whose token is in ``leaving``
+        (see :meth:`counts`)."""
+        conditions = ["namespace = %s", "token NOT IN (SELECT unnest(%s::bigint[]))"]
+        args: list[Any] = [self.namespace, list(leaving)]
+        if after is not None:
+            conditions.append("(due_ms, token) > (%s, %s)")
+            args.extend(after)
         for column, operator, value in (
             ("due_ms", ">=", start_ms),
             ("due_ms", "<=", end_ms),
@@ -220,10 +223,10 @@ class FarTable:
         ):
             if value is not None:
                 conditions.append(f"{column} {operator} %s")
-                args.append(value)  # type: ignore[arg-type]
+                args.append(value)
         if id_prefix:
             conditions.append("left(id, %s) = %s")
-            args.extend([len(id_prefix), id_prefix])  # type: ignore[list-item]
+            args.extend([len(id_prefix), id_prefix])
         sql = (
             f"SELECT id, due_ms, token, record FROM {self.table} WHERE {' AND '.join(conditions)} "
             "ORDER BY due_ms, token OFFSET %s LIMIT %s"
