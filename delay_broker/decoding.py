@@ -93,12 +93,33 @@ def decode_celery_body(message: dict[str, Any]) -> dict[str, Any]:
 
 
 def searchable_text(framework: str, payload: bytes) -> str:
-    """The text a search looks in: the payload as stored and, for Celery, its decoded body (arguments)."""
+    """The text a search looks in: the payload as stored, the strings of a JSON payload as they read (JSON
+    escapes undone: a Dramatiq argument ``"Zürich"`` is stored as ``"Z\\u00fcrich"``), and for Celery those of
+    its decoded body (arguments). Parts are joined by a unit separator, which no search text holds."""
     decoded = decode_payload(framework, payload)
     parts = [payload.decode("utf-8", errors="replace")]
+    if decoded["format"] == "json":
+        parts.extend(_strings(decoded["message"]))
     body = decoded.get("body")
     if isinstance(body, dict):
         value = body.get("value", body.get("text"))
         if value is not None:
             parts.append(value if isinstance(value, str) else json.dumps(value, ensure_ascii=False))
-    return "\n".join(parts)
+            parts.extend(_strings(value))
+    return "\x1f".join(parts)
+
+
+def _strings(value: Any) -> list[str]:
+    """Every string (keys too) in a decoded JSON value, depth first, without recursion (JSON may nest deep)."""
+    found: list[str] = []
+    pending = [value]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, str):
+            found.append(item)
+        elif isinstance(item, dict):
+            found.extend(key for key in item if isinstance(key, str))
+            pending.extend(reversed(list(item.values())))
+        elif isinstance(item, list):
+            pending.extend(reversed(item))
+    return found

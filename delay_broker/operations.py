@@ -79,9 +79,10 @@ class MessageFilter:
         if needle.isascii() and needle.encode() in info.raw.lower():
             return True
         envelope = _envelope(info)
-        if envelope is None or (envelope.framework != "celery" and needle.isascii()):
+        if envelope is None or (envelope.framework != "celery" and _reads_as_stored(needle)):
             return False
-        # A Celery body is base64, and JSON may escape non-ASCII text: look in the decoded message.
+        # A Celery body is base64, and JSON escapes non-ASCII text, quotes, backslashes and control characters:
+        # look in the decoded message.
         return needle in searchable_text(envelope.framework, envelope.payload).casefold()
 
 
@@ -319,6 +320,11 @@ class Operations:
         if filter.state not in states:
             raise ValueError(f"this action applies to {' or '.join(states)} messages, not {filter.state}")
         return {info.id: _framework(info) for info in self.matches(filter)}
+
+
+def _reads_as_stored(text: str) -> bool:
+    """Whether JSON stores ``text`` as it is (printable ASCII, no quote or backslash)."""
+    return text.isascii() and text.isprintable() and '"' not in text and "\\" not in text
 
 
 def _framework(info: MessageInfo) -> str:

@@ -236,3 +236,20 @@ def test_a_scan_goes_on_past_messages_sharing_a_score_after_its_last_one_left(sh
         if cursor is None:
             break
     assert sorted(found) == ids
+
+
+@pytest.mark.parametrize(
+    "text", ["Café Zürich", "ZÜRICH", 'said "hi"', "C:\\temp\\report.csv", "line1\nline2", "tab\there"], ids=repr
+)
+def test_the_text_filter_finds_what_json_escapes_in_a_dramatiq_message(client, namespace, text):
+    """Dramatiq's encoder escapes non-ASCII text, quotes, backslashes and control characters: the filter looks
+    in the arguments as they read, not only in the stored bytes."""
+    import dramatiq
+
+    store = DelayStore(client, namespace=namespace)
+    for id, argument in (("wanted", f"<{text}>"), ("other", "nothing to see")):
+        message = dramatiq.Message(queue_name="q", actor_name="notify", args=(argument,), kwargs={}, options={})
+        store.park(id, Envelope("q", message.encode(), framework="dramatiq", name="notify"), delay=600)
+    assert "\\" in store.get("wanted").envelope.payload.decode() or text.isascii()  # type: ignore[union-attr]
+    found = [info.id for info in Operations(store).matches(MessageFilter(text=text))]
+    assert found == ["wanted"]
