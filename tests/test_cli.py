@@ -316,6 +316,16 @@ def test_show_and_search_survive_a_payload_nested_thousands_deep(run, store: Del
     assert {m["id"] for m in found["messages"]} <= {"deep-dramatiq", "deep-celery"}
 
 
+@pytest.mark.parametrize("id", ["job[/]1", "[red]alert[/red]", "[link=http://x]y"])
+def test_ids_and_filters_with_rich_markup_are_shown_as_they_are(run, store: DelayStore, id: str):
+    store.park(id, Envelope("[b]queue", b"{}", name="[i]task"), delay=60)
+    shown = run("show", id)
+    assert shown.exit_code == 0 and f"message {id!r}" in shown.output
+    listed = run("ls", "--queue", "[b]queue")
+    assert listed.exit_code == 0 and "matching queue '[b]queue'" in listed.output
+    assert run("stats").exit_code == 0
+
+
 def test_show_unknown_id_fails_clearly(run, populated):
     result = run("show", "nope")
     assert result.exit_code == 1 and "no message 'nope'" in result.output

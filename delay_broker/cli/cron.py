@@ -72,7 +72,7 @@ def cron_ls(redis_url: str | None, namespace: str, as_json: bool) -> None:
             cell(row.get("problem") or row["timing"] or "(in code)"),
             format_time(row["due_ms"]),
             format_relative(row["due_ms"], now_ms),
-            row["id"] or "-",
+            cell(row["id"]) if row["id"] else "-",
             "paused" if row["paused"] else row["state"],
         )
     session.console.print(table)

@@ -67,7 +67,7 @@ def stats(redis_url: str | None, namespace: str, as_json: bool) -> None:
         return
     now = snapshot.now_ms
     summary = Table(
-        title=f"delay_broker store, namespace {printable(namespace)!r}", show_header=False, title_justify="left"
+        title=Text(f"delay_broker store, namespace {printable(namespace)!r}"), show_header=False, title_justify="left"
     )
     summary.add_column("measure")
     summary.add_column("value", justify="right")
@@ -160,7 +160,7 @@ def list_page(
         return
     time_column = TIME_COLUMN[state]
     table = Table(
-        title=f"{STATE_WORDS[state]} messages, namespace {printable(session.namespace)!r}", title_justify="left"
+        title=Text(f"{STATE_WORDS[state]} messages, namespace {printable(session.namespace)!r}"), title_justify="left"
     )
     table.add_column("id", overflow="fold")
     table.add_column(time_column, no_wrap=True)
@@ -201,7 +201,8 @@ def list_page(
             shown += f"; next page: --cursor {next_cursor}"
     elif more:
         shown += f"; next page: --offset {offset + len(infos)}"
-    console.print(shown + ". Details of one: delay-broker " + ("dead show ID" if state == "dead" else "show ID"))
+    # Text, not markup: the filter's values are the user's, and may hold rich's brackets.
+    console.print(Text(shown + ". Details of one: delay-broker " + ("dead show ID" if state == "dead" else "show ID")))
 
 
 @click.command("ls", short_help="List parked (or inflight / dead) messages, oldest first, by due range.")
@@ -250,7 +251,7 @@ def show_message(session: Session, info: MessageInfo) -> None:
         emit_json(record)
         return
     store_now = session.store.now_ms()
-    details = Table(show_header=False, title=f"message {printable(info.id)!r}", title_justify="left")
+    details = Table(show_header=False, title=Text(f"message {printable(info.id)!r}"), title_justify="left")
     details.add_column("field", style="bold")
     details.add_column("value", overflow="fold")
     details.add_row("state", STATE_WORDS.get(info.state, info.state))
