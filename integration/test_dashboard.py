@@ -214,6 +214,32 @@ def test_an_action_naming_no_message_and_no_filter_is_refused(dashboards) -> Non
     assert served.store.stats().parked == parked
 
 
+@pytest.mark.parametrize(
+    "path", ["/message?id=" + "x" * 513, "/messages?state=due&to=99999999w", "/messages?from=-99999999w&queue=q"]
+)
+def test_malformed_input_gets_a_page_that_says_what_is_wrong(dashboards, path: str) -> None:
+    served, _ = dashboards
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(served.url + path, timeout=10)
+    assert refused.value.code == 400
+    assert b"Internal Server Error" not in refused.value.read()
+
+
+def test_a_store_that_cannot_be_reached_gets_a_page_that_says_so(redis_server: EmbeddedRedis) -> None:
+    with EmbeddedRedis() as gone:
+        store = DelayStore(gone.client(), namespace="web-down")
+    url, server, thread = serve(create_app(store))
+    try:
+        for path in ("/", "/messages?state=due", "/message?id=a", "/schedules"):
+            with pytest.raises(urllib.error.HTTPError) as failed:
+                urllib.request.urlopen(url + path, timeout=30)
+            assert failed.value.code == 503, path
+            assert b"The store cannot be read now" in failed.value.read()
+    finally:
+        server.should_exit = True
+        thread.join(10)
+
+
 def test_read_only_mode_offers_and_accepts_no_write(dashboards, page: Page) -> None:
     _, read_only = dashboards
     page.goto(read_only.url + "/messages?state=due")

@@ -549,6 +549,10 @@ def test_durations_and_times():
     assert parse_when("now", now) == now and parse_when("5m", now) == now + 300_000
     assert parse_when("-1h", now) == now - 3_600_000 and parse_when("+2d", now) == now + 172_800_000
     assert parse_when("2030-01-01", now) == int(datetime(2030, 1, 1, tzinfo=timezone.utc).timestamp() * 1000)
+    assert parse_when("20300101", now) == parse_when("2030-01-01", now), "a compact date, not 20 million seconds"
+    for out_of_range in ("99999999w", "-99999999w"):
+        with pytest.raises(ValueError, match="out of range"):
+            parse_when(out_of_range, now)
     assert parse_iso("2030-01-01T10:00:00Z") == datetime(2030, 1, 1, 10, tzinfo=timezone.utc)
     assert parse_iso("2030-01-01T10:00:00+02:00") == datetime(2030, 1, 1, 8, tzinfo=timezone.utc)
     assert format_span(3_723_000) == "1h 2m" and format_span(500) == "500ms" and format_span(86_400_000 * 3) == "3d"

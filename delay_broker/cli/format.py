@@ -13,7 +13,7 @@ import re
 from datetime import datetime, timezone
 from typing import Any
 
-from ..clock import due_to_ms, ms_to_datetime
+from ..clock import MAX_DUE_MS, due_to_ms, ms_to_datetime
 from ..clock import iso_time as iso_time
 from ..decoding import decode_payload
 from ..envelope import Envelope
@@ -76,11 +76,16 @@ def parse_when(text: str, now_ms: int) -> int:
     body = cleaned
     if body[:1] in "+-" and body[1:2].isdigit():
         sign, body = (-1 if body[0] == "-" else 1), body[1:]
-    if body[:1].isdigit() and not re.match(r"\d{4}-\d{2}", body):
+    # 2030-01-31 and its compact form 20300131 (as --at reads it) are dates, not a number of seconds.
+    if body[:1].isdigit() and not re.match(r"\d{4}-\d{2}|\d{8}(?:T|$)", body):
         try:
-            return now_ms + sign * round(parse_duration(body) * 1000)
+            moment = now_ms + sign * round(parse_duration(body) * 1000)
         except ValueError:
             pass
+        else:
+            if not 0 <= moment <= MAX_DUE_MS:
+                raise ValueError(f"time {text!r} is out of range: it must fall between 1970 and 2248")
+            return moment
     return due_to_ms(parse_iso(cleaned))
 
 

@@ -20,7 +20,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
 from ..decoding import decode_payload
-from ..errors import DelayBrokerError
+from ..errors import DelayBrokerError, InvalidMessage, StoreError
 from ..operations import BulkResult, MessageFilter, Operations
 from ..schedules import RuntimeSchedules, schedule_rows
 from ..store import DelayStore, MessageInfo
@@ -72,7 +72,12 @@ def create_app(store: DelayStore, *, read_only: bool = False, title: str = "dela
         Route("/schedules/actions", dashboard.act_on_schedule, methods=["POST"], name="schedule_actions"),
         Mount("/static", app=StaticFiles(directory=str(directory.joinpath("static"))), name="static"),
     ]
-    return Starlette(routes=routes)
+
+    async def unavailable(request: Request, error: Exception) -> Response:
+        # Redis down, failing over or refusing: a page that says so, not a bare 500 with a traceback in the log.
+        return dashboard.render(request, "error.html", status=503, message=f"The store cannot be read now: {error}")
+
+    return Starlette(routes=routes, exception_handlers={StoreError: unavailable})
 
 
 @dataclasses.dataclass
@@ -147,7 +152,10 @@ class _Dashboard:
 
     async def message(self, request: Request) -> Response:
         id = request.query_params.get("id", "")
-        info: MessageInfo | None = await self.call(self.store.get, id) if id else None
+        try:
+            info: MessageInfo | None = await self.call(self.store.get, id) if id else None
+        except InvalidMessage as error:
+            return self.render(request, "error.html", status=400, message=str(error))
         if info is None:
             return self.render(request, "error.html", status=404, message=f"No message {id!r} in this namespace.")
         envelope = info.envelope
