@@ -168,3 +168,26 @@ def test_parking_during_a_failover_with_durable_writes_loses_nothing_acknowledge
     finally:
         master.delete(*durable.keys.all())
         durable.client.close()
+
+
+def test_a_retry_whose_park_is_not_replicated_is_kept_once(redis_sentinel: SentinelSet, namespace: str) -> None:
+    """NotReplicated means the park is on the master. A retry is then handed to the broker (Dramatiq would
+    swallow the error and lose it), and the master's copy taken back: one copy, not two."""
+    import dramatiq
+    from dramatiq.brokers.redis import RedisBroker
+
+    from delay_broker.dramatiq import DelayMiddleware
+
+    client = redis_sentinel.master_client()
+    broker = RedisBroker(client=client, namespace=namespace)
+    stricter = {"replicas": 2, "replica_timeout": 0.2}  # one replica runs: never confirmed
+    middleware = DelayMiddleware(threshold=1, namespace=namespace, store_options=stricter, promote_in_workers=False)
+    broker.add_middleware(middleware)
+    actor = dramatiq.actor(broker=broker, queue_name="q", actor_name="retried")(lambda: None)
+    message = actor.message()
+    try:
+        broker.enqueue(dramatiq.MessageProxy(message), delay=60_000)  # type: ignore[arg-type]  # as Retries does
+        assert middleware.store.get(message.message_id) is None, "not parked beside the broker's copy"
+        assert client.hlen(f"{namespace}:q.DQ.msgs") == 1
+    finally:
+        client.delete(*middleware.store.keys.all(), *client.keys(f"{namespace}:*"))

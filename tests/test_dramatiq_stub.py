@@ -311,6 +311,31 @@ def test_a_retry_the_store_refuses_for_any_reason_is_kept(client: redis.Redis, n
     assert broker.queues["refused.DQ"].qsize() == 1
 
 
+def test_a_pipeline_stage_the_store_refuses_is_handed_to_the_broker(client: redis.Redis, namespace: str) -> None:
+    """Pipelines enqueue the next stage inside the worker's after_process_message, where Dramatiq swallows any
+    exception: a refused park must not lose the stage (here: beyond max_delay)."""
+    app = make_app(client, namespace, store_options={"max_delay": 2})
+    worker = dramatiq.Worker(app.broker, worker_timeout=100, worker_threads=2)
+    worker.start()
+    try:
+        record = app.actors["record"]
+        first = record.message("first")
+        second = record.message_with_options(args=("second",), delay=3000, pipe_ignore=True)
+        dramatiq.pipeline([first, second], broker=app.broker).run()
+        wait_for(lambda: app.ran("second"), timeout=20)
+    finally:
+        worker.stop(timeout=5000)
+    assert app.ran("second")[0] - app.ran("first")[0] >= 2900, "with its delay, held by the broker"
+    assert app.middleware.store.stats().parked == 0
+
+
+def test_a_retry_with_a_delay_already_past_runs_again(app: App, worker: dramatiq.Worker) -> None:
+    """Retry(delay=-500), from a "retry at T" computed a moment too late: plain Dramatiq runs it at once; the
+    store's refusal of a negative delay must not lose it inside Retries."""
+    app.actors["flaky"].send("past", -500)
+    wait_for(lambda: len(app.ran("past")) == 2, timeout=15)
+
+
 def test_one_middleware_per_broker(client: redis.Redis, namespace: str) -> None:
     first, second = StubBroker(), StubBroker()
     middleware = DelayMiddleware(client=client, namespace=namespace)

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import sys
 import threading
 import uuid
 from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta, tzinfo
+from types import FrameType
 from typing import Any
 
 import dramatiq
@@ -19,7 +21,7 @@ from dramatiq.errors import QueueNotFound
 from ..clock import delay_to_ms, ms_to_datetime
 from ..cron import Build, CronScheduler, Schedule
 from ..envelope import Envelope
-from ..errors import ConfigurationError, DelayBrokerError, InvalidDelay
+from ..errors import ConfigurationError, DelayBrokerError, InvalidDelay, NotReplicated
 from ..keys import DEFAULT_NAMESPACE
 from ..promoter import Deliverer, DirectDeliverer, Promoter
 from ..schedule_defs import ScheduledCall
@@ -190,7 +192,14 @@ class DelayMiddleware(dramatiq.Middleware):
         assert self._original_enqueue is not None and self._effective_threshold_ms is not None
         if delay is None:
             return self._original_enqueue(message, delay=None)
-        millis = delay_ms(delay)
+        try:
+            millis = delay_ms(delay)
+        except InvalidDelay as error:
+            if not _swallowed_by_dramatiq(message):
+                raise  # the caller sees it and decides
+            # Retry(delay=-500) from a "retry at T" that just passed: plain Dramatiq runs it now.
+            logger.error("Invalid delay %r for %s (%s): handed to the broker as it is.", delay, message, error)
+            return self._original_enqueue(message, delay=_native_form(delay))
         if millis <= self._effective_threshold_ms:
             # Normalized: SQS needs an int, and a timedelta from Retry(delay=...) would break eta arithmetic.
             return self._original_enqueue(message, delay=millis)
@@ -207,10 +216,12 @@ class DelayMiddleware(dramatiq.Middleware):
         try:
             self.store.park(parked.message_id, envelope, delay=timedelta(milliseconds=delay))
         except DelayBrokerError as error:
-            if not isinstance(message, dramatiq.MessageProxy):
+            if not _swallowed_by_dramatiq(message):
                 raise  # the caller sees it and decides
             # Any store failure (down, read-only replica, out of memory, no permission, payload too large):
-            # an exception from inside Retries is swallowed by Dramatiq and the retry lost.
+            # an exception from a retry or a pipeline's next stage is swallowed by Dramatiq, the message lost.
+            if isinstance(error, NotReplicated) and not self._withdraw(parked.message_id):
+                return parked  # already being promoted: the store delivers it
             return self._fall_back(message, delay, error)
         logger.debug("Parked message %s for %r for %d ms.", parked.message_id, parked.queue_name, delay)
         return parked
@@ -236,14 +247,30 @@ class DelayMiddleware(dramatiq.Middleware):
         )
         return parked, envelope
 
-    def _fall_back(self, message: dramatiq.MessageProxy, delay: int, error: DelayBrokerError) -> AnyMessage:
-        # A retry from inside a worker: an exception here is swallowed by Dramatiq and the message acked,
-        # i.e. lost. Better a retry held natively (or sooner, at the broker's limit) than none.
+    def _withdraw(self, id: str) -> bool:
+        """After :class:`NotReplicated`, before the broker gets the message: take back the copy the master holds
+        (a failover may lose it, or it may run: either way not beside the broker's copy). False when it is
+        already being promoted, and so runs from the store."""
+        try:
+            return self.store.cancel(id) or self.store.get(id) is None
+        except NotReplicated:
+            return True  # removed on the master, unconfirmed like the park it takes back
+        except DelayBrokerError:
+            return True  # the master is gone, and the copy it did not replicate with it
+
+    def _fall_back(self, message: AnyMessage, delay: int, error: DelayBrokerError) -> AnyMessage:
+        # A retry or a pipeline's next stage from inside a worker: an exception here is swallowed by Dramatiq
+        # and the message acked, i.e. lost. Better a message held natively (or sooner, at the broker's limit)
+        # than none.
         assert self._original_enqueue is not None and self.broker is not None
         cap = native_cap_ms(self.broker)
         native = delay if cap is None else min(delay, cap)
         logger.error(
-            "Delay store refused a retry (%s); %s handed to the broker, delayed %d ms.", error, message, native
+            "Delay store refused a message sent from a worker's middleware (%s); %s handed to the broker, "
+            "delayed %d ms.",
+            error,
+            message,
+            native,
         )
         return self._original_enqueue(message, delay=native)
 
@@ -412,6 +439,34 @@ def _consumer_timeout_ms(value: float | timedelta | bool | None) -> int | bool |
             f"consumer_timeout must be positive seconds, a timedelta, False (turned off) or None, got {value!r}"
         )
     return millis
+
+
+_DRAMATIQ_HOOKS = frozenset({dramatiq.Broker.emit_before.__code__, dramatiq.Broker.emit_after.__code__})
+
+
+def _swallowed_by_dramatiq(message: AnyMessage) -> bool:
+    """Whether an error raised now would be swallowed by Dramatiq, losing the message: it is a retry
+    (``Retries`` passes a MessageProxy) or is sent from inside any middleware's hook (a pipeline's next stage,
+    a group's completion callback), which Dramatiq runs with every exception logged and dropped. Looked up only
+    when something failed: the stack is walked for the broker's hook dispatchers."""
+    if isinstance(message, dramatiq.MessageProxy):
+        return True
+    frame: FrameType | None = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code in _DRAMATIQ_HOOKS:
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _native_form(delay: Any) -> Any:
+    """A delay the store refused, as the broker gets it: a negative one is due now (what plain Dramatiq makes of
+    it on RedisBroker; SQS refuses a negative DelaySeconds); anything else is passed on as it came."""
+    if isinstance(delay, timedelta) and delay < timedelta(0):
+        return 0
+    if isinstance(delay, int | float) and not isinstance(delay, bool) and delay < 0:
+        return 0
+    return delay
 
 
 def _id_of(message: str | AnyMessage) -> str:
