@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from . import tracing
-from .errors import ConfigurationError, DeliveryRefused, StoreError, TargetUnavailable
+from .errors import ConfigurationError, DelayBrokerError, DeliveryRefused, StoreError, TargetUnavailable
 from .store import MAX_BATCH, Claim, ClaimedMessage, DelayStore, NackAction, new_promoter_id
 from .targets import ListTarget
 
@@ -150,6 +150,8 @@ class Promoter:
         self._failures = 0
         self._look_at: list[float] = []
         """Per shard: the monotonic time of the next look."""
+        self._shard_failures: dict[int, int] = {}
+        """Per shard that failed while others did not: its failures in a row."""
         self._layout_checked = time.monotonic()
         self._dead_in: set[int] = set()
         """Shards this promoter dead-lettered something in since it last trimmed them."""
@@ -273,14 +275,31 @@ class Promoter:
         if len(self._look_at) != shards:
             self._look_at = [0.0] * shards
         any_full = False
+        failed: list[tuple[int, DelayBrokerError]] = []
+        looked = 0
         for shard in range(shards):
             if self._look_at[shard] > started:
                 continue
-            full, wait = self._promote_shard(shard)
+            looked += 1
+            try:
+                full, wait = self._promote_shard(shard)
+            except DelayBrokerError as error:
+                # One master of a Cluster down, failing over or short of replicas, or one shard's keys refused
+                # (a key of the wrong type, an ACL): its shards wait, the others go on being promoted.
+                if not (isinstance(error, StoreError) or type(error) is DelayBrokerError):
+                    raise
+                failed.append((shard, error))
+                continue
+            if self._shard_failures.pop(shard, 0):
+                logger.info("Promoter %s: promoting shard %d again.", self.id, shard)
             # Every shard is looked at within max_idle even when nothing is due: a wake lost with a producer
             # that died, or a lease left by a promoter that died, is picked up by the others.
             self._look_at[shard] = started + (0.0 if full else max(0.0, min(wait, self.max_idle)))
             any_full = any_full or full
+        if failed and len(failed) == looked:
+            raise failed[0][1]  # nothing could be promoted: an outage, backed off as one
+        for shard, refusal in failed:
+            self._shard_fault(shard, refusal, started)
         self._trim_dead(started)
         next_look = min(self._look_at)
         return any_full, next_look - time.monotonic()
@@ -440,6 +459,22 @@ class Promoter:
         # Full jitter keeps many promoters from hammering a recovering server in step.
         ceiling = min(10.0, 0.05 * 2 ** min(self._failures, 10))
         self._stopping.wait(random.uniform(ceiling / 2, ceiling))
+
+    def _shard_fault(self, shard: int, error: DelayBrokerError, now: float) -> None:
+        """One shard failed while others were promoted: it alone is looked at again after a backoff."""
+        failures = self._shard_failures[shard] = self._shard_failures.get(shard, 0) + 1
+        self.counters.errors += 1
+        if self.listener:
+            self.listener.failed("redis")
+        if failures == 1:
+            logger.warning(
+                "Promoter %s: shard %d unavailable (%s); promoting the other shards, retrying it with backoff.",
+                self.id,
+                shard,
+                error,
+            )
+        ceiling = min(10.0, 0.05 * 2 ** min(failures, 10))
+        self._look_at[shard] = now + random.uniform(ceiling / 2, ceiling)
 
     def _misconfigured(self, error: ConfigurationError) -> None:
         # A configuration that cannot work is not an outage: say so loudly, once per run of failures.

@@ -61,6 +61,15 @@ _CLUSTER_REPLIES: tuple[tuple[type[redis.RedisError], str], ...] = (
 _CODE = re.compile(r"(?:^|@user_script: ?\d+: -)(" + "|".join(_EXPLANATIONS) + r")\b")
 
 
+_NO_LONGER_MASTER = re.compile(r"^(?:ERR )?(?:WAIT cannot be used with replica instances|UNBLOCKED\b)")
+
+
+def no_longer_master(error: BaseException) -> bool:
+    """Whether ``error`` says the node asked is a replica now (a failover demoted it): a ``WAIT`` is refused
+    there, and one it was blocked in is unblocked."""
+    return isinstance(error, redis.ResponseError) and _NO_LONGER_MASTER.match(str(error)) is not None
+
+
 def translate(error: redis.RedisError | RedisClusterException, doing: str) -> DelayBrokerError:
     """The delay_broker error for a redis-py error raised while ``doing`` something."""
     text = str(error)
@@ -75,6 +84,8 @@ def translate(error: redis.RedisError | RedisClusterException, doing: str) -> De
             return _refused(code, doing, f"{code} {text}")
     if isinstance(error, (redis.ConnectionError, redis.TimeoutError)):
         return StoreUnavailable(f"Redis unavailable during {doing}: {text}")
+    if no_longer_master(error):
+        return StoreUnavailable(f"Redis unavailable during {doing}: the master became a replica (failover): {text}")
     if isinstance(error, RedisClusterException):
         return WrongNode(f"Redis Cluster refused {doing}: {text}")
     if isinstance(error, redis.ResponseError):
@@ -113,4 +124,4 @@ def _detail(text: str, code: str) -> str:
     return detail.split(" script:", 1)[0].strip() or text
 
 
-__all__ = ["translate"]
+__all__ = ["no_longer_master", "translate"]

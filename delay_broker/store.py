@@ -60,7 +60,7 @@ from .records import (
     StoreStats,
     TracedPromotion,
 )
-from .redis_errors import translate
+from .redis_errors import no_longer_master, translate
 from .targets import ListTarget
 
 logger = logging.getLogger("delay_broker.store")
@@ -324,6 +324,13 @@ class DelayStore:
                 raise
             self.client.nodes_manager.initialize()  # type: ignore[union-attr]
             return call(self._shard_client(space))
+        except redis.ResponseError as error:
+            # The node the slot map named is a replica now (a clean CLUSTER FAILOVER leaves it up): nothing
+            # redirects a WAIT, so the map is read again here. The write before the WAIT may have been made:
+            # the caller gets an outage to back off from, not the same write made twice.
+            if self.cluster and no_longer_master(error):
+                self.client.nodes_manager.initialize()  # type: ignore[union-attr]
+            raise
 
     def _run_replicated(self, name: str, space: Keyspace, keys: list[str], args: Sequence[Any]) -> Any:
         return self._replicated(name, space, lambda pipe: self._scripts[name](keys=keys, args=args, client=pipe))

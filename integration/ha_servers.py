@@ -303,17 +303,26 @@ class StandaloneServer:
 
 
 class RedisClusterServers:
-    """A Redis Cluster of ``masters`` master nodes (no replicas) on 127.0.0.1, slots spread by ``redis-cli``.
+    """A Redis Cluster of ``masters`` master nodes, each with ``replicas`` replicas (none by default), on
+    127.0.0.1, slots spread by ``redis-cli``.
 
     ``url`` is our ``redis+cluster://`` form (for ``delay_broker.connect.client_from_url``); ``client()`` is a
     :class:`redis.cluster.RedisCluster`; ``node_client(i)`` a plain client of node ``i``. Clients made here are
     closed by :meth:`close`.
     """
 
-    def __init__(self, masters: int = 3, *, node_timeout_ms: int = 2000, extra_args: list[str] | None = None) -> None:
+    def __init__(
+        self,
+        masters: int = 3,
+        *,
+        replicas: int = 0,
+        node_timeout_ms: int = 2000,
+        extra_args: list[str] | None = None,
+    ) -> None:
         if masters < 3:
             raise ValueError("redis-cli --cluster create needs at least 3 masters")
         self.masters = masters
+        self.replicas = replicas
         self.node_timeout_ms = node_timeout_ms
         self.extra_args = list(extra_args or [])
         self.directory = _make_directory("delay-broker-cluster-")
@@ -346,7 +355,7 @@ class RedisClusterServers:
     def start(self, timeout: float = 60.0) -> RedisClusterServers:
         started = time.monotonic()
         try:
-            for index in range(self.masters):
+            for index in range(self.masters * (1 + self.replicas)):
                 self.nodes.append(_start_with_fresh_ports(lambda index=index: self._node(index)))
             self._create(timeout)
             wait_for(self._converged, timeout, "the cluster did not reach cluster_state:ok on every node")
@@ -373,7 +382,7 @@ class RedisClusterServers:
         command = [
             _executable("redis-cli"), "--cluster", "create",
             *(f"{HOST}:{port}" for port in self.ports),
-            "--cluster-replicas", "0", "--cluster-yes",
+            "--cluster-replicas", str(self.replicas), "--cluster-yes",
         ]  # fmt: skip
         log = self.directory / "cluster-create.log"
         try:
@@ -400,6 +409,7 @@ class RedisClusterServers:
             client = node.client(socket_timeout=1, socket_connect_timeout=1)
             try:
                 info = _info_text(client.execute_command("CLUSTER INFO"))
+                replication = _info(client, "replication")
             except PROBE_ERRORS:
                 return False
             finally:
@@ -407,12 +417,28 @@ class RedisClusterServers:
             expected = {
                 "cluster_state": "ok",
                 "cluster_slots_ok": "16384",
-                "cluster_known_nodes": str(self.masters),
+                "cluster_known_nodes": str(len(self.nodes)),
                 "cluster_size": str(self.masters),
             }
             if any(info.get(key) != value for key, value in expected.items()):
                 return False
+            if replication.get("role") == "slave" and replication.get("master_link_status") != "up":
+                return False
         return True
+
+    def replica_of(self, index: int) -> int | None:
+        """The index of a node that replicates node ``index`` now, if one does."""
+        port = self.nodes[index].port
+        for other, node in enumerate(self.nodes):
+            if node.running and other != index:
+                client = node.client(socket_timeout=1)
+                try:
+                    replication = _info(client, "replication")
+                finally:
+                    client.close()
+                if replication.get("role") == "slave" and int(replication.get("master_port", 0)) == port:
+                    return other
+        return None
 
     def node_of_key(self, key: str | bytes) -> int:
         """The index of the node that serves ``key``, asked of the nodes themselves (``CLUSTER SHARDS``-free)."""

@@ -231,3 +231,29 @@ def test_wait_after_write_goes_to_the_shard_s_own_master(redis_cluster: RedisClu
             durable.park("d", envelope(), delay=60)
     finally:
         durable.client.close()
+
+
+def test_promoters_go_on_after_a_clean_failover_of_a_master(namespace: str) -> None:
+    """A CLUSTER FAILOVER leaves the old master up, as a replica. Durable writes (replicas=1) end with a WAIT,
+    which nothing redirects from it: the slot map must be read again, and promotion go on by itself."""
+    from .ha_servers import RedisClusterServers
+
+    with RedisClusterServers(replicas=1) as cluster:
+        store = DelayStore.from_url(cluster.url, namespace=namespace, shards=3, replicas=1, replica_timeout=1.0)
+        target = ListTarget(f"{{{namespace}}}:ready")
+        promoter = Promoter(store, ListDeliverer(store.client, {"ready": target}), max_idle=0.5, lease=3).start()
+        try:
+            store.park_many([ParkRequest(f"before-{n}", envelope(), delay=0.1) for n in range(30)])
+            ready = cluster.client()
+            wait(lambda: ready.llen(target.list_key) == 30, what="promoted before the failover")
+            node = cluster.node_of_key(store.shards[1].due)
+            replica = cluster.replica_of(node)
+            assert replica is not None
+            store.park_many([ParkRequest(f"after-{n}", envelope(), delay=3) for n in range(30)])
+            cluster.node_client(replica).execute_command("CLUSTER FAILOVER")
+            wait(lambda: cluster.replica_of(replica) == node, what="the old master replicating the new one")
+            wait(lambda: ready.llen(target.list_key) == 60, what="every message promoted after the failover")
+            assert store.stats().parked == 0
+        finally:
+            promoter.stop()
+            store.client.close()

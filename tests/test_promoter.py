@@ -187,6 +187,28 @@ def test_sharded_store_on_one_server_promotes_every_shard_and_wakes_per_shard(re
         client.delete(ready_key, *(key for space in store.shards for key in space.all()))
 
 
+def test_a_shard_that_fails_holds_up_only_its_own_messages(redis_server, namespace, ready_key, caplog):
+    """One master of a Cluster down or short of replicas, or one shard's keys refused: the other shards go on
+    being promoted, and the failed one is promoted once it serves again."""
+    client = redis_server.client()
+    store = DelayStore(client, namespace=namespace, shards=4)
+    ids = [f"iso-{n}" for n in range(40)]
+    store.park_many([ParkRequest(id, envelope(id.encode()), delay=0) for id in ids])
+    broken = store.shards[1]
+    client.set(broken.errors, "not a hash")  # the shard's promotion is refused, naming that key
+    promoter = Promoter(store, direct(ready_key), max_idle=1)
+    try:
+        healthy = sorted(id for id in ids if store.shard_for(id) != 1)
+        for _ in range(3):
+            promoter.step()
+        assert sorted(item.decode() for item in client.lrange(ready_key, 0, -1)) == healthy
+        assert "shard 1 unavailable" in caplog.text
+        client.delete(broken.errors)
+        wait_for(lambda: (promoter.step(), client.llen(ready_key))[1] == len(ids), timeout=15, what="shard 1 too")
+    finally:
+        client.delete(ready_key, *(key for space in store.shards for key in space.all()))
+
+
 def test_a_far_future_park_wakes_nobody(store, client):
     store.park("soon", envelope(), delay=60)
     client.delete(store.keys.wake)
