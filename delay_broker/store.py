@@ -190,6 +190,7 @@ class DelayStore:
         self._master: tuple[str, int] | None = None
         self._wake_tokens: dict[bytes, int] = {}
         self._layout_recorded = False
+        self._layout_unrecordable = False
         self._scripts = {name: client.register_script(scripts.source(name)) for name in scripts.NAMES}
         if isinstance(far_tier, str):
             far_tier = FarTier(far_tier) if far_horizon is None else FarTier.with_horizon(far_tier, far_horizon)
@@ -272,13 +273,39 @@ class DelayStore:
                 logger.info("Store %r: the namespace now has %d shards.", self.keys.namespace, count)
                 self._use_layout(count)
 
-    def _resolve_layout(self, doing: str) -> int:
+    def _layout_for_parking(self) -> None:
+        """Before the first park of a store given no shard count: record one shard, unless a count is recorded
+        by then (which it takes). A process given another count later is refused, instead of parking a second
+        copy of an id in a shard this one never looks in (and this one parking into shard 0 for ever)."""
+        if self._layout_settled():
+            return
+        self._read_layout("park")
+        with self._layout_lock:
+            if self._layout_settled():  # by another thread meanwhile
+                return
+            try:
+                count = self._resolve_layout("recording the shard layout", record=1)
+            except DelayBrokerError as error:
+                if not isinstance(error.__cause__, redis.exceptions.NoPermissionError):
+                    raise
+                # An ACL written before this was recorded here (without +set): park as before, and say so.
+                self._layout_unrecordable = True
+                logger.warning("Store %r: cannot record its shard count (%s); allow +set.", self.keys.namespace, error)
+                return
+            if count != len(self.shards):
+                self._use_layout(count)
+
+    def _layout_settled(self) -> bool:
+        return self._layout_recorded or self._layout_unrecordable
+
+    def _resolve_layout(self, doing: str, *, record: int | None = None) -> int:
         wanted = self._requested_shards
+        recording = wanted if wanted is not None else record
         with self._redis(doing):
             recorded = self.client.get(self.keys.layout)
-            if recorded is None and wanted is not None:
+            if recorded is None and recording is not None:
                 # Recorded even when it is 1: a later process given another number is refused, not obeyed.
-                self.client.set(self.keys.layout, wanted, nx=True)
+                self.client.set(self.keys.layout, recording, nx=True)
                 recorded = self.client.get(self.keys.layout)
         self._layout_recorded = recorded is not None
         try:
@@ -416,6 +443,7 @@ class DelayStore:
         routes = {request.envelope.route for request in requests if isinstance(request, ParkRequest)}
         with tracing.park_span(len(requests), next(iter(routes)) if len(routes) == 1 else None):
             encoded = [self._encode_request(request) for request in requests]
+            self._layout_for_parking()  # once the requests are found valid: a refused park writes nothing
             if self._far is None:
                 return self._park_encoded(encoded, on_conflict)
             return self._park_tiered(requests, encoded, on_conflict)

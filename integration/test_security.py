@@ -33,6 +33,7 @@ from delay_broker import (
 from delay_broker.cron import CronScheduler
 from delay_broker.deliverers import DirectLists, ListDeliverer
 from delay_broker.embedded import EmbeddedRedis, free_port
+from delay_broker.operations import MessageFilter, Operations
 from tests.helpers import wait_for as shared_wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -51,6 +52,7 @@ CLIENT_COMMANDS = (
     "lpush",  # Promoter.stop() wakes its own sleeper (and the scripts' wake marker, the lpush targets)
     "expire",  # ... whose stop marker expires by itself
     "get",  # the namespace's shard count, read once per store
+    "set",  # ... and recorded by the first one that parks
     "zrem",  # a stopped promoter removes its heartbeat (also used inside scripts)
     "del",  # ... and its stop marker
     "ping",  # health checks of clients made by DelayStore.from_url (health_check_interval)
@@ -64,6 +66,7 @@ SCRIPT_COMMANDS = (
     "zscore",
     "zrange",
     "zrangebyscore",
+    "zrank",  # a filtered listing goes on from where its last page stopped
     "zcount",
     "zcard",
     "zpopmin",
@@ -110,6 +113,8 @@ def exercise(store: DelayStore, client: redis.Redis, targets: dict[str, ListTarg
     store.promote_direct(targets, 1000, "p")
     store.stats()
     store.list_messages("due")
+    page = Operations(store).find(MessageFilter(queue="ready"), limit=1)
+    Operations(store).find(MessageFilter(queue="ready"), cursor=page.cursor, limit=1)
     assert store.get("far") is not None
     store.reschedule("far", delay=60)
     store.cancel("far")

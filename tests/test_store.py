@@ -408,6 +408,28 @@ def test_the_shard_count_is_recorded_once_and_followed_by_stores_that_took_the_d
     )
 
 
+def test_a_store_given_no_count_records_one_shard_when_it_first_parks(client: redis.Redis, namespace: str):
+    """Else a producer deployed before `shards=4` parks into shard 0 for ever while the new ones park the same id
+    into its home shard: dedup and debounce would each make a second copy, run twice."""
+    ids = [f"order-{n}" for n in range(20)]
+    late = DelayStore(client, namespace=namespace)  # no count yet: one shard for now
+    assert len(late.shards) == 1
+    first = DelayStore(client, namespace=namespace)
+    first.park(ids[0], envelope(b"v1"), delay=60)  # records one shard
+    with pytest.raises(ConfigurationError, match="has 1 shard"):
+        DelayStore(client, namespace=namespace, shards=4).stats()
+    other = f"{namespace}-other"
+    early = DelayStore(client, namespace=other)
+    assert len(early.shards) == 1
+    sharded = DelayStore(client, namespace=other, shards=4)
+    assert len(sharded.shards) == 4  # recorded before `early` parks: taken by it
+    early.park_many([ParkRequest(id, envelope(b"early"), delay=60) for id in ids])
+    assert len(early.shards) == 4
+    kept = sharded.park_many([ParkRequest(id, envelope(b"later"), delay=60) for id in ids], on_conflict="keep")
+    assert {result.outcome for result in kept} == {"kept"} and sharded.stats().parked == len(ids)
+    client.delete(*first.keys.all(), *(key for space in sharded.shards for key in space.all()))
+
+
 def test_promotion_lateness_is_counted_store_wide_on_both_paths(client, namespace):
     store = DelayStore(client, namespace=namespace, shards=2)
     past = datetime.now(timezone.utc) - timedelta(seconds=5)
