@@ -124,14 +124,23 @@ def parse_hosts(url: str, default_port: int) -> list[tuple[str, int]]:
 
 
 def parse_sentinel_url(url: str) -> SentinelTarget:
-    """The parts of a ``redis+sentinel://`` URL, or a ConfigurationError saying what is wrong."""
+    """The parts of a ``redis+sentinel://`` URL, or a ConfigurationError saying what is wrong. The database is
+    the path's second part or, as in a ``redis://`` URL, ``?db=N``."""
     path = [unquote(piece) for piece in urlsplit(url).path.split("/") if piece]
     if not path or len(path) > 2 or (len(path) == 2 and not path[1].isdigit()):
         raise ConfigurationError(
             f"a Sentinel URL names the master as its path, e.g. redis+sentinel://host:26379/mymaster/0; got "
             f"{_redacted(url)!r}"
         )
-    return SentinelTarget(parse_hosts(url, 26379), path[0], int(path[1]) if len(path) == 2 else 0)
+    databases = {int(path[1])} if len(path) == 2 else set()
+    in_query = dict(parse_qsl(urlsplit(url).query)).get("db")
+    if in_query is not None:
+        if not in_query.isdigit():
+            raise ConfigurationError(f"the database must be a number, got {in_query!r} in {_redacted(url)!r}")
+        databases.add(int(in_query))
+    if len(databases) > 1:
+        raise ConfigurationError(f"two databases in {_redacted(url)!r}: give one, in the path or as ?db=")
+    return SentinelTarget(parse_hosts(url, 26379), path[0], databases.pop() if databases else 0)
 
 
 def check_url(url: str) -> str:
@@ -190,10 +199,12 @@ def _sentinel_client(url: str, settings: dict[str, Any]) -> redis.Redis:
     target = parse_sentinel_url(url)
     query = dict(parse_qsl(urlsplit(url).query))
     node_options = {**_node_options(url, settings), "db": target.db}
+    # Not health_check_interval: a Sentinel that refuses a health-check PING (a password missing) is asked
+    # again with backoff, which made one failed discovery take a minute and a half instead of seconds.
     sentinel_options = {
         key: value
         for key, value in node_options.items()
-        if key.startswith(("socket_", "ssl")) or key in ("health_check_interval", "retry_on_timeout")
+        if key.startswith(("socket_", "ssl")) or key == "retry_on_timeout"
     }
     if "sentinel_username" in query:
         sentinel_options["username"] = query["sentinel_username"]

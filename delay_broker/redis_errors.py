@@ -12,6 +12,7 @@ import re
 
 import redis
 from redis.exceptions import RedisClusterException
+from redis.sentinel import MasterNotFoundError
 
 from .errors import (
     DelayBrokerError,
@@ -82,6 +83,8 @@ def translate(error: redis.RedisError | RedisClusterException, doing: str) -> De
     for kind, code in _CLUSTER_REPLIES:
         if isinstance(error, kind):
             return _refused(code, doing, f"{code} {text}")
+    if isinstance(error, MasterNotFoundError):
+        return StoreUnavailable(f"Redis unavailable during {doing}: {_sentinels_said(text)}")
     if isinstance(error, (redis.ConnectionError, redis.TimeoutError)):
         return StoreUnavailable(f"Redis unavailable during {doing}: {text}")
     if no_longer_master(error):
@@ -99,6 +102,18 @@ def translate(error: redis.RedisError | RedisClusterException, doing: str) -> De
         return StoreUnavailable(f"Redis Cluster unavailable during {doing}: {text}")
     # A key of the wrong type, a missing permission: as Redis said it, with the key names it gave.
     return DelayBrokerError(f"Redis refused {doing}: {_unwrapped(text)}")
+
+
+# redis-py names each Sentinel that failed by its client's whole repr (a thousand characters).
+_SENTINEL_REPR = re.compile(r"<redis\.client\.Redis\(.*?host=([^,]+),port=(\d+).*?\)>\)>\)>")
+
+
+def _sentinels_said(text: str) -> str:
+    """``No master found`` with each Sentinel as its address, and what to do when they want a password."""
+    text = _SENTINEL_REPR.sub(lambda match: f"Sentinel {match.group(1)}:{match.group(2)}", text)
+    if "AuthenticationError" in text or "NOAUTH" in text or "WRONGPASS" in text:
+        text += " (the Sentinels want a password of their own: add ?sentinel_password=... to the URL)"
+    return text
 
 
 def _refused(code: str, doing: str, text: str) -> StoreRefused:

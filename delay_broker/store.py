@@ -24,6 +24,7 @@ from typing import Any, Literal
 import redis
 from redis.crc import key_slot
 from redis.exceptions import RedisClusterException
+from redis.sentinel import MasterNotFoundError
 
 from . import scripts, tracing
 from .clock import MAX_DUE_MS, Delay, delay_to_ms, due_of_score, due_to_ms, score_ceiling, score_floor
@@ -222,7 +223,8 @@ class DelayStore:
             yield
         except (redis.RedisError, RedisClusterException) as error:
             translated = translate(error, doing)
-            self._notice_failover()
+            if not isinstance(error, MasterNotFoundError):  # no Sentinel named one: asking again only waits
+                self._notice_failover()
             raise translated from error
 
     def _notice_failover(self) -> None:

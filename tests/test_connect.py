@@ -26,6 +26,27 @@ def test_a_sentinel_url_names_the_master_its_database_and_credentials() -> None:
     ]
     assert addresses == [("10.0.0.1", 26379), ("::1", 26380), ("sentinel-c", 26379)]
     assert sentinels[0].connection_pool.connection_kwargs["password"] == "sp"
+    # Sentinels are asked without health checks: a refused check PING is retried with backoff, for minutes.
+    assert sentinels[0].connection_pool.connection_kwargs.get("health_check_interval", 0) == 0
+
+
+def test_a_sentinel_url_takes_its_database_as_a_redis_url_does() -> None:
+    assert client_from_url("redis+sentinel://h:26379/m?db=3").connection_pool.connection_kwargs["db"] == 3
+    assert client_from_url("redis+sentinel://h:26379/m/3?db=3").connection_pool.connection_kwargs["db"] == 3
+    with pytest.raises(ConfigurationError, match="two databases"):
+        client_from_url("redis+sentinel://h:26379/m/2?db=3")
+
+
+def test_no_master_found_names_each_sentinel_by_its_address_and_asks_for_its_password() -> None:
+    from redis.sentinel import MasterNotFoundError
+
+    from delay_broker.redis_errors import translate
+
+    sentinel = redis.Redis(host="10.0.0.7", port=26380, health_check_interval=30)
+    error = MasterNotFoundError(f"No master found for 'm' : {sentinel} - AuthenticationError('auth')")
+    text = str(translate(error, "parking"))
+    assert "Sentinel 10.0.0.7:26380 - AuthenticationError" in text and "sentinel_password" in text
+    assert len(text) < 300
 
 
 def test_tls_sentinel_urls_use_tls_for_the_data_nodes() -> None:
@@ -43,6 +64,7 @@ def test_tls_sentinel_urls_use_tls_for_the_data_nodes() -> None:
         ("redis+sentinel://h:port/m", "bad port"),
         ("memcached://h:11211", "unsupported Redis URL"),
         ("redis+sentinel://u:secret@h:x/m", "bad port"),
+        ("redis+sentinel://h:26379/m?db=x", "must be a number"),
     ],
 )
 def test_bad_urls_are_refused_with_a_reason_and_no_password(url: str, message: str) -> None:
