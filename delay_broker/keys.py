@@ -9,6 +9,7 @@ script receives one shard's keys in that order, so a shard is just another key s
 
 from __future__ import annotations
 
+import re
 import zlib
 from dataclasses import dataclass, field
 from functools import cache, cached_property
@@ -74,6 +75,10 @@ def shard_tags(namespace: str, shards: int) -> tuple[str, ...]:
     return tuple(tags)
 
 
+_SHARD_SUFFIX = re.compile(r"#\d+(?:\.\d+)?$")
+"""How shard tags end (``namespace#3``, ``namespace#3.1``): no namespace may, or it would share their keys."""
+
+
 def shard_of(id: str, shards: int) -> int:
     """The shard holding message ``id``: a stable hash, the same in every process and version."""
     return 0 if shards == 1 else zlib.crc32(id.encode()) % shards
@@ -94,6 +99,11 @@ class Keyspace:
                 raise ValueError(f"{label} must be a non-empty string, got {value!r}")
             if any(c in value for c in "{}") or any(c.isspace() for c in value):
                 raise ValueError(f"{label} must not contain braces or white space, got {value!r}")
+        if _SHARD_SUFFIX.search(self.namespace):
+            raise ValueError(
+                f"namespace must not end like a shard's tag (#N or #N.M), got {self.namespace!r}: its keys would be "
+                "those of a shard of another namespace"
+            )
         if not self.tag:
             object.__setattr__(self, "tag", self.namespace)
 

@@ -147,9 +147,13 @@ def test_an_unreachable_redis_is_one_line_not_a_traceback(namespace):
     assert "Error:" in result.output and "Traceback" not in result.output
 
 
-def test_a_bad_namespace_is_a_usage_error(redis_server):
-    result = CliRunner().invoke(cli, ["stats", "--redis-url", redis_server.url, "--namespace", "a{b}"])
+@pytest.mark.parametrize("namespace", ["a{b}", "orders#1", "orders#1.2"])
+def test_a_bad_namespace_is_a_usage_error(redis_server, namespace):
+    """Braces break the hash tag; a name ending like a shard's tag (orders#1) would share the keys of a shard of
+    another namespace (orders, sharded)."""
+    result = CliRunner().invoke(cli, ["stats", "--redis-url", redis_server.url, "--namespace", namespace])
     assert result.exit_code == 2 and "namespace" in result.output
+    assert CliRunner().invoke(cli, ["stats", "--redis-url", redis_server.url, "--namespace", "team#a"]).exit_code == 0
 
 
 # -- stats ---------------------------------------------------------------------------------------------------------
