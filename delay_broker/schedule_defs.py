@@ -50,6 +50,20 @@ def is_run_now_record(record: str) -> bool:
     return record.endswith(RUN_NOW)
 
 
+REWOUND = "\x1frewound"
+"""Suffix of the record that says when a schedule's record was last rewound to "now" by a change: while the two
+are equal, no occurrence was parked since, and the record names none."""
+
+
+def rewound_record(name: str) -> str:
+    return name + REWOUND
+
+
+def is_marker_record(record: str) -> bool:
+    """Whether a record of the schedules' hash is one of the markers beside a schedule's own."""
+    return record.endswith((RUN_NOW, REWOUND))
+
+
 @dataclass(frozen=True)
 class ScheduledCall:
     """The message a runtime schedule sends: a task (Celery) or actor (Dramatiq) name with its arguments and

@@ -31,8 +31,9 @@ from .schedule_defs import (
     ScheduledCall,
     ScheduleDefinition,
     check_name,
-    is_run_now_record,
+    is_marker_record,
     occurrence_id,
+    rewound_record,
     run_now_record,
 )
 from .store import DelayStore
@@ -91,7 +92,7 @@ class RuntimeSchedules:
 
     def records(self) -> dict[str, int | None]:
         """Every schedule that parked an occurrence (stored or declared): name -> due ms of the latest."""
-        return {name: due for name, due in self.store.stored_schedules().records.items() if not is_run_now_record(name)}
+        return {name: due for name, due in self.store.stored_schedules().records.items() if not is_marker_record(name)}
 
     # -- changes -------------------------------------------------------------------------------------------------
 
@@ -263,6 +264,7 @@ class RuntimeSchedules:
                 record_action=record_action,  # type: ignore[arg-type]
                 cancel=cancel,
                 drop_also=run_now_record(name),
+                marker=rewound_record(name),
             )
             if update.done:
                 return definition
@@ -317,9 +319,11 @@ STATE_WORDS = {"due": "parked", "inflight": "in flight", "dead": "dead-lettered"
 def schedule_rows(store: DelayStore) -> list[dict[str, Any]]:
     stored = store.stored_schedules()
     rows = []
-    for name in sorted({*stored.definitions, *(r for r in stored.records if not is_run_now_record(r))}):
+    for name in sorted({*stored.definitions, *(r for r in stored.records if not is_marker_record(r))}):
         due_ms = stored.records.get(name)
         malformed = name in stored.records and due_ms is None
+        if due_ms is not None and stored.records.get(rewound_record(name)) == due_ms:
+            due_ms = None  # rewound by a change, and nothing parked since: the record is no occurrence
         id = None if due_ms is None else occurrence_id(store.keys.namespace, name, due_ms)
         info = None if id is None else store.get(id)
         state = "malformed record" if malformed else "none parked" if id is None else None

@@ -635,10 +635,11 @@ class DelayStore:
 
     def schedules(self) -> dict[str, int | None]:
         """Recurring schedules that parked an occurrence: name -> due time (ms) of the latest one (None when
-        the record is malformed)."""
+        the record is malformed). Not the records kept beside them (run-now, rewound), whose names end with a
+        control character and a word, which no schedule's name has."""
         with self._redis("reading schedules"):
             records = self.client.hgetall(self.keys.cron)
-        return {_text(name): _int_or_none(value) for name, value in records.items()}
+        return {_text(name): _int_or_none(value) for name, value in records.items() if b"\x1f" not in name}
 
     def forget_schedule(self, name: str) -> bool:
         """Drop the record of a recurring schedule (its occurrences already parked stay parked)."""
@@ -678,11 +679,13 @@ class DelayStore:
         record_action: Literal["keep", "rewind", "drop"] = "keep",
         cancel: str | None = None,
         drop_also: str | None = None,
+        marker: str | None = None,
     ) -> ScheduleUpdate:
         """Store (or with None delete) a runtime schedule's definition, if the definitions are still at
         ``revision`` and the schedule's record still ``record`` (as read); see ``schedule_update.lua``.
 
         ``cancel``: the id of the schedule's latest occurrence, cancelled if it is parked and not yet due.
+        ``marker``: the record that keeps when the record was last rewound (deleted with it by ``drop``).
         """
         if not isinstance(name, str) or not name:
             raise ValueError(f"schedule must be a non-empty string, got {name!r}")
@@ -694,6 +697,7 @@ class DelayStore:
             record_action,
             cancel or "",
             drop_also or "",
+            marker or "",
         ]
         done, current, now_ms, cancelled = self._run("schedule_update", 0, args)
         return ScheduleUpdate(bool(int(done)), int(current), int(now_ms), bool(int(cancelled)))

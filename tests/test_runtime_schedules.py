@@ -163,6 +163,26 @@ def test_add_refuses_a_name_taken_and_change_keeps_what_is_not_given(store: Dela
     assert schedules.remove("report") and schedules.get("report") is None and not schedules.remove("report")
 
 
+def test_the_overview_shows_no_occurrence_until_one_is_parked_after_a_change(store: DelayStore):
+    """A change rewinds the schedule's record to now (so the next occurrence is the first after the change): that
+    is no occurrence, and cron ls / the dashboard must not show it as one that ran."""
+    from delay_broker.schedules import schedule_rows
+
+    schedules = RuntimeSchedules(store)
+    schedules.add("nightly", "send_report", every=3600)
+    [row] = schedule_rows(store)
+    assert (row["due_ms"], row["id"], row["state"]) == (None, None, "none parked")
+    scheduler = CronScheduler(store, builder=builder)
+    assert scheduler.run_pending() == 1
+    [row] = schedule_rows(store)
+    assert row["state"] == "parked" and row["due_ms"] is not None and store.get(row["id"]) is not None
+    schedules.change("nightly", every=7200)  # cancels the parked occurrence and rewinds again
+    [row] = schedule_rows(store)
+    assert (row["due_ms"], row["state"]) == (None, "none parked")
+    schedules.remove("nightly")
+    assert schedule_rows(store) == [], "the marker goes with the schedule"
+
+
 def test_a_check_refuses_a_call_before_anything_is_stored(store: DelayStore):
     def no_such_actor(call: ScheduledCall) -> None:
         raise ConfigurationError(f"no actor named {call.task!r}")

@@ -15,6 +15,8 @@
 --         now, and none before now is caught up); 'drop' (delete it, and the record named by ARGV[7])
 -- ARGV[6] id of the schedule's latest occurrence, cancelled if it is still parked and not yet due ('' none)
 -- ARGV[7] name of a second record deleted with 'drop' ('' none)
+-- ARGV[8] name of the record that keeps when the record was rewound: set to now by 'rewind', deleted by 'drop'
+--         (while it equals the record, no occurrence was parked since the change)
 -- Returns {1, revision, now, cancelled (1/0)}, or {0, current revision, now, 0} when the revision or the record
 -- changed since the caller read them (nothing was changed; read again and retry).
 
@@ -56,10 +58,15 @@ else
 end
 if ARGV[5] == 'rewind' then
     redis.call('HSET', CRON, name, now)
+    if ARGV[8] ~= '' then
+        redis.call('HSET', CRON, ARGV[8], now)
+    end
 elseif ARGV[5] == 'drop' then
     redis.call('HDEL', CRON, name)
-    if ARGV[7] ~= '' then
-        redis.call('HDEL', CRON, ARGV[7])
+    for i = 7, 8 do
+        if ARGV[i] ~= '' then
+            redis.call('HDEL', CRON, ARGV[i])
+        end
     end
 end
 revision = redis.call('INCRBY', SCHEDULES_REV, 1)
