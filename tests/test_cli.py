@@ -330,6 +330,33 @@ def test_ids_and_filters_with_rich_markup_are_shown_as_they_are(run, store: Dela
     assert run("stats").exit_code == 0
 
 
+def test_json_output_is_strict_json_even_for_a_payload_holding_nan(run, store: DelayStore):
+    """Python's JSON reads NaN and Infinity in a Dramatiq message; the CLI's JSON must not print them bare."""
+    store.park("nan", Envelope("q", b'{"args": [NaN, Infinity, -Infinity, [1.5]]}', framework="dramatiq"), delay=60)
+    output = run("show", "nan", "--json").output
+    decoded = json.loads(output, parse_constant=lambda word: pytest.fail(f"bare {word} in the output"))
+    assert decoded["payload"]["message"]["args"] == ["NaN", "Infinity", "-Infinity", [1.5]]
+
+
+@pytest.mark.parametrize("option", ["--celery", "--dramatiq"])
+def test_promote_given_something_else_than_an_app_says_so(run, option):
+    result = CliRunner().invoke(cli, ["promote", option, "os:path"])
+    assert result.exit_code == 2 and "not a" in result.output and "Traceback" not in result.output
+
+
+def test_web_on_a_taken_port_exits_with_the_cli_s_code(run):
+    import socket
+
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    try:
+        result = run("web", "--port", str(taken.getsockname()[1]))
+    finally:
+        taken.close()
+    assert result.exit_code == 1 and "could not serve" in result.output
+
+
 def test_show_unknown_id_fails_clearly(run, populated):
     result = run("show", "nope")
     assert result.exit_code == 1 and "no message 'nope'" in result.output

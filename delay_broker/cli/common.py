@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import math
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -147,7 +148,33 @@ def reports_errors(func: F) -> F:
 
 
 def emit_json(data: Any) -> None:
-    click.echo(json.dumps(data, indent=2, sort_keys=False, ensure_ascii=True, default=str))
+    """``data`` as strict JSON: a payload's NaN or Infinity (which Python's JSON reads) is given as a string,
+    not as the bare word strict parsers refuse."""
+    try:
+        text = json.dumps(data, indent=2, sort_keys=False, ensure_ascii=True, default=str, allow_nan=False)
+    except ValueError:
+        text = json.dumps(_finite(data), indent=2, sort_keys=False, ensure_ascii=True, default=str)
+    click.echo(text)
+
+
+def _finite(value: Any) -> Any:
+    """``value`` with every non-finite float as its text (NaN, Infinity, -Infinity), without recursion."""
+    root: list[Any] = [value]
+    pending: list[tuple[Any, Any]] = [(root, 0)]
+    while pending:
+        container, key = pending.pop()
+        item = container[key]
+        if isinstance(item, float) and not math.isfinite(item):
+            container[key] = "NaN" if math.isnan(item) else "Infinity" if item > 0 else "-Infinity"
+        elif isinstance(item, dict):
+            copy = dict(item)
+            container[key] = copy
+            pending.extend((copy, name) for name in copy)
+        elif isinstance(item, list | tuple):
+            copy_list = list(item)
+            container[key] = copy_list
+            pending.extend((copy_list, index) for index in range(len(copy_list)))
+    return root[0]
 
 
 def report(session: Session, data: dict[str, Any], text: str) -> None:

@@ -20,12 +20,22 @@ def build_app_promoter(dramatiq_broker: str | None, celery_app: str | None, over
     from . import import_object
 
     if dramatiq_broker is not None:
+        import dramatiq
+
         from .. import dramatiq as adapter
 
-        return adapter.build_promoter(import_object(dramatiq_broker), **overrides)
+        broker = import_object(dramatiq_broker)
+        if not isinstance(broker, dramatiq.Broker):
+            raise click.UsageError(f"--dramatiq {dramatiq_broker} is a {type(broker).__name__}, not a Dramatiq broker")
+        return adapter.build_promoter(broker, **overrides)
+    import celery
+
     from .. import celery as celery_adapter
 
-    return celery_adapter.build_promoter(import_object(celery_app or ""), **overrides)
+    app = import_object(celery_app or "")
+    if not isinstance(app, celery.Celery):
+        raise click.UsageError(f"--celery {celery_app} is a {type(app).__name__}, not a Celery app")
+    return celery_adapter.build_promoter(app, **overrides)
 
 
 @click.command(short_help="Run a standalone promoter for a Dramatiq broker or a Celery app.")

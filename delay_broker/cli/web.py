@@ -32,7 +32,12 @@ def web(host: str, port: int, read_only: bool, redis_url: str | None, namespace:
         f"delay_broker dashboard for namespace {namespace!r}: http://{host}:{port}/"
         + (" (read-only)" if read_only else "")
     )
-    uvicorn.run(app, host=host, port=port, log_level="warning")
+    try:
+        uvicorn.run(app, host=host, port=port, log_level="warning")
+    except SystemExit as exit:
+        # uvicorn exits with its own code (3 when the port is taken) after logging why; the CLI's is 1.
+        if exit.code not in (0, None):
+            raise click.ClickException(f"the dashboard could not serve on {host}:{port} (see above)") from None
 
 
 COMMANDS = [web]
