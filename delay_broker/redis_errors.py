@@ -104,13 +104,17 @@ def translate(error: redis.RedisError | RedisClusterException, doing: str) -> De
     return DelayBrokerError(f"Redis refused {doing}: {_unwrapped(text)}")
 
 
-# redis-py names each Sentinel that failed by its client's whole repr (a thousand characters).
-_SENTINEL_REPR = re.compile(r"<redis\.client\.Redis\(.*?host=([^,]+),port=(\d+).*?\)>\)>\)>")
+# redis-py names each Sentinel that failed by its client's whole repr: a thousand characters in redis-py 5+,
+# ``Redis<ConnectionPool<Connection<host=h,port=p,db=0>>>`` before.
+_SENTINEL_REPR = re.compile(
+    r"<redis\.client\.Redis\(.*?host=([^,]+),port=(\d+).*?\)>\)>\)>"
+    r"|Redis<ConnectionPool<Connection<host=([^,]+),port=(\d+)[^>]*>>>"
+)
 
 
 def _sentinels_said(text: str) -> str:
     """``No master found`` with each Sentinel as its address, and what to do when they want a password."""
-    text = _SENTINEL_REPR.sub(lambda match: f"Sentinel {match.group(1)}:{match.group(2)}", text)
+    text = _SENTINEL_REPR.sub(lambda match: "Sentinel {}:{}".format(*filter(None, match.groups())), text)
     if "AuthenticationError" in text or "NOAUTH" in text or "WRONGPASS" in text:
         text += " (the Sentinels want a password of their own: add ?sentinel_password=... to the URL)"
     return text
