@@ -121,6 +121,22 @@ def test_a_worker_killed_after_the_fetch_loses_nothing(redis_server: EmbeddedRed
     assert unacked(redis_server, options) == {}
 
 
+def test_a_backlog_on_a_list_not_waited_on_drains_without_waiting_per_batch(redis_server: EmbeddedRedis) -> None:
+    """The fetch waits on one list (priority 0 of the first queue). Tasks sent with a priority sit on another: once
+    a fetch comes back full, the next must not wait brpop_timeout again, or a backlog drains 4 tasks per wait."""
+    unique = uuid.uuid4().hex[:10]
+    options, queue_name = {**transport_options(unique), "brpop_timeout": 3}, f"q-{unique}"
+    bodies = [f"urgent-{n}" for n in range(100)]
+    with Connection(redis_server.url, transport=TRANSPORT, transport_options=options) as connection:
+        queue = Queue(queue_name, Exchange(queue_name), queue_name)
+        producer = connection.Producer()
+        for body in bodies:
+            producer.publish(body, exchange=queue.exchange, routing_key=queue_name, declare=[queue], priority=9)
+    # One wait of brpop_timeout (3 s; 1 s where kombu has no such option) at most, then batch after batch: at
+    # one batch of 4 per wait the 100 would take 25 waits.
+    assert sorted(receive_all(redis_server, options, queue_name, len(bodies), 15)) == sorted(bodies)
+
+
 def test_kombus_own_fetch_loses_the_task_there(redis_server: EmbeddedRedis) -> None:
     """The same kill on kombu's own fetch (``reliable_fetch`` off): the task is gone from Redis."""
     unique = uuid.uuid4().hex[:10]
