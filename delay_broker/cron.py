@@ -39,7 +39,7 @@ from .schedule_defs import (
     run_now_record,
 )
 from .store import DelayStore
-from .timing import Timing
+from .timing import COUNT_LIMIT, Timing
 
 __all__ = ["CATCH_UP_MS", "Build", "CronScheduler", "Schedule", "occurrence_id"]
 
@@ -132,6 +132,7 @@ class CronScheduler:
         self._active: dict[str, _Active] = {}
         self._revision: int | None = None  # of the stored definitions in _active; None: never read
         self._revision_checked = float("-inf")
+        self._read_skipped = False
         self._next_check = 0.0  # time.monotonic() of the next look; 0: at once
         self._latest: dict[str, int] = {}  # per record: the latest occurrence parked, as the store last said
         self._failing: dict[str, float] = {}  # per failing schedule: when it was last reported
@@ -152,7 +153,12 @@ class CronScheduler:
         return dict(self.declared)
 
     def seconds_until_due(self) -> float:
-        return max(0.0, self._next_check - time.monotonic())
+        """Until the next look, or until the revision may be read again when a wake-up came too soon after the
+        last read to read it (the change that woke the promoter is seen then, not after max_idle)."""
+        until = self._next_check
+        if self._read_skipped:
+            until = min(until, self._revision_checked + REVISION_CHECK_S)
+        return max(0.0, until - time.monotonic())
 
     def run_pending(self) -> int:
         """Offer each schedule's next occurrence to the store if a look is due. Returns how many were parked.
@@ -182,8 +188,10 @@ class CronScheduler:
             return True
         now = time.monotonic()
         if now - self._revision_checked < REVISION_CHECK_S:
+            self._read_skipped = True
             return False
         self._revision_checked = now
+        self._read_skipped = False
         try:
             revision = self.store.schedules_revision()
         except StoreUnavailable:
@@ -286,9 +294,12 @@ class CronScheduler:
         due = upcoming
         if latest is not None and latest < now_ms:
             # The occurrence after the latest one, even if it is already past (the promoters fell behind):
-            # late is better than never, within CATCH_UP_MS.
+            # late is better than never, within CATCH_UP_MS. Older ones are skipped: the first still within it
+            # is next, not the one after now.
             following = timing.next_after(latest)
-            if following is not None and following >= now_ms - CATCH_UP_MS:
+            if following is not None and following < now_ms - CATCH_UP_MS:
+                following = timing.next_after(now_ms - CATCH_UP_MS - 1)
+            if following is not None:
                 due = following
         if due is None:
             if latest is None or latest <= now_ms:
@@ -300,10 +311,11 @@ class CronScheduler:
                 )
             return 0, now_ms + RECHECK_MS
         parked = self._offer(schedule.name, schedule.name, build, due, upcoming)
-        if parked and latest is not None and latest < now_ms and due == upcoming:
-            missed = timing.count_between(latest, upcoming)
+        if parked and latest is not None and latest < now_ms:
+            missed = timing.count_between(latest, due)
             if missed:
-                self._missed(schedule.name, missed, latest, upcoming)
+                capped = timing.cron is not None and missed == COUNT_LIMIT
+                self._missed(schedule.name, missed, latest, due, capped=capped)
         # Look again once the latest occurrence is due: then the one after it is to be parked.
         return parked, max(self._latest[schedule.name], now_ms)
 
@@ -347,15 +359,15 @@ class CronScheduler:
 
     # -- reporting -------------------------------------------------------------------------------------
 
-    def _missed(self, name: str, count: int, latest: int, upcoming: int) -> None:
+    def _missed(self, name: str, count: int, latest: int, resumed: int, *, capped: bool = False) -> None:
         logger.warning(
-            "Schedule %r: %d occurrence(s) after %s were missed (no promoter ran them within %d s of their time); "
+            "Schedule %r: %s occurrence(s) after %s were missed (no promoter ran them within %d s of their time); "
             "it resumes at %s.",
             name,
-            count,
+            f"at least {count}" if capped else f"{count}",
             ms_to_datetime(latest).isoformat(),
             CATCH_UP_MS // 1000,
-            ms_to_datetime(upcoming).isoformat(),
+            ms_to_datetime(resumed).isoformat(),
         )
         if self.on_missed is not None:
             self.on_missed(name, count)

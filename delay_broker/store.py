@@ -642,9 +642,16 @@ class DelayStore:
         return {_text(name): _int_or_none(value) for name, value in records.items() if b"\x1f" not in name}
 
     def forget_schedule(self, name: str) -> bool:
-        """Drop the record of a recurring schedule (its occurrences already parked stay parked)."""
+        """Drop the record of a recurring schedule (its occurrences already parked stay parked). The schedules'
+        revision moves on and a promoter is woken, so that schedulers read the records again at once: else
+        they would go on from the record they hold for up to a minute."""
         with self._redis("forgetting a schedule"):
-            return bool(self.client.hdel(self.keys.cron, name))
+            pipe = self.client.pipeline(transaction=True)
+            pipe.hdel(self.keys.cron, name)
+            pipe.incr(self.keys.schedules_rev)
+            pipe.lrem(self.keys.wake, 0, self.keys.wake)
+            pipe.lpush(self.keys.wake, self.keys.wake)
+            return bool(pipe.execute()[0])
 
     def stored_schedules(self) -> StoredSchedules:
         """The runtime schedules' definitions and every schedule's record, read in one round trip.

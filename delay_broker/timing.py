@@ -19,8 +19,9 @@ from .errors import ConfigurationError, InvalidDelay
 
 MIN_EVERY_MS = 1000
 """Shortest interval: promoters look at schedules on a clock of seconds, as cron's sixth field does."""
-COUNT_LIMIT = 100_000
-"""Most occurrences counted one by one (missed runs of a cron schedule); more are reported as this many."""
+COUNT_LIMIT = 1000
+"""Most missed occurrences of a cron schedule counted, one by one (croniter steps about 70 us each, in the promoter's
+thread, which must not stall); more are reported as this many, "at least". Intervals are counted exactly."""
 
 
 def croniter_class() -> Any:
@@ -145,7 +146,8 @@ class Timing:
         return None if self.end_ms is not None and following > self.end_ms else following
 
     def count_between(self, after_ms: int, before_ms: int) -> int:
-        """Occurrences strictly after ``after_ms`` and strictly before ``before_ms`` (at most COUNT_LIMIT)."""
+        """Occurrences strictly after ``after_ms`` and strictly before ``before_ms`` (of a cron expression, at
+        most COUNT_LIMIT)."""
         if before_ms <= after_ms:
             return 0
         if self.every_ms is not None:
@@ -153,7 +155,7 @@ class Timing:
             if first is None or first >= before_ms:
                 return 0
             last = before_ms - 1 if self.end_ms is None else min(before_ms - 1, self.end_ms)
-            return min(COUNT_LIMIT, (last - first) // self.every_ms + 1)
+            return (last - first) // self.every_ms + 1
         count, cursor = 0, self.next_after(after_ms)
         while cursor is not None and cursor < before_ms and count < COUNT_LIMIT:
             count += 1
@@ -163,10 +165,15 @@ class Timing:
     def describe(self) -> str:
         """``cron 0 9 * * 1-5 (Europe/Paris)`` or ``every 3600 s``, with its dates when it has any."""
         text = (
-            f"every {self.every_ms / 1000:g} s" if self.every_ms is not None else f"cron {self.cron} ({self.timezone})"
+            f"every {_seconds(self.every_ms)} s" if self.every_ms is not None else f"cron {self.cron} ({self.timezone})"
         )
         if self.start_ms is not None:
             text += f" from {ms_to_datetime(self.start_ms).isoformat()}"
         if self.end_ms is not None:
             text += f" until {ms_to_datetime(self.end_ms).isoformat()}"
         return text
+
+
+def _seconds(ms: int) -> str:
+    """Milliseconds as seconds, never in scientific notation (two weeks: 1209600, not 1.2096e+06)."""
+    return str(ms // 1000) if ms % 1000 == 0 else f"{ms / 1000:.3f}".rstrip("0")

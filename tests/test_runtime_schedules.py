@@ -313,8 +313,73 @@ def test_occurrences_missed_while_no_promoter_ran_are_logged_and_counted(store, 
     assert missed and missed[0][0] == "minutely" and 9 <= missed[0][1] <= 10
     assert any("were missed" in record.getMessage() for record in caplog.records)
     again = CronScheduler(store, builder=builder, on_missed=lambda name, count: missed.append((name, count)))
-    assert again.run_pending() == 0 and len(missed) == 1, "counted once, by the promoter that resumed it"
+    again.run_pending()
+    assert len(missed) == 1, "counted once, by the promoter that resumed it"
     assert CATCH_UP_MS == 60_000
+
+
+def test_after_a_long_outage_the_occurrences_of_the_last_minute_still_run(store, caplog):
+    """Down 80 s with a 5 s schedule: the occurrences older than a minute are skipped (and counted), the dozen
+    of the last minute run late, one after the other, rather than none of them."""
+    RuntimeSchedules(store).add("often", "t", every=5)
+    now = store.now_ms()
+    store.client.hset(store.keys.cron, "often", now // 5000 * 5000 - 80_000)
+    missed: list[int] = []
+    scheduler = CronScheduler(store, builder=builder, on_missed=lambda name, count: missed.append(count))
+    parked = 0
+    with caplog.at_level(logging.WARNING, logger="delay_broker.cron"):
+        for _ in range(40):  # as a promoter's steps do, one occurrence each while they are past
+            parked += scheduler.run_pending()
+            time.sleep(0.005)
+    late = [info for info in store.iter_all("due") if info.due_ms is not None and info.due_ms <= store.now_ms()]
+    assert 11 <= len(late) <= 13 and parked >= len(late)
+    assert all(info.due_ms >= now - CATCH_UP_MS - 5 for info in late), "none older than the window"
+    assert len(missed) == 1 and 3 <= missed[0] <= 4
+
+
+def test_forgetting_a_record_restarts_the_schedule_at_once(store):
+    """`cron forget` after a code change (monthly to every second): running schedulers must drop the record they
+    hold at once, not go on from it for a minute."""
+    every_second = Schedule.create("job", None, builder(ScheduledCall("t")), every=1)
+    store.client.hset(store.keys.cron, "job", store.now_ms() + 30 * 86_400_000)  # as the monthly timing left it
+    scheduler = CronScheduler(store, [every_second], builder=builder)
+    assert scheduler.run_pending() == 0, "held back by the record"
+    assert store.forget_schedule("job")
+    parked = 0
+    for _ in range(30):  # a promoter's steps, woken by the forget
+        parked += scheduler.run_pending()
+        if parked:
+            break
+        time.sleep(min(0.1, scheduler.seconds_until_due() + 0.01))
+    assert parked == 1
+    assert store.client.llen(store.keys.wake) >= 1, "a sleeping promoter is woken"
+
+
+def test_a_change_right_after_a_read_is_seen_within_the_read_interval(store):
+    """A change wakes a promoter; when that wake comes less than REVISION_CHECK_S after the scheduler last read
+    the revision, the read is put off, and the promoter must then sleep only until it may read again (not its
+    max_idle): `cron pause X && cron run-now X` took 5 s."""
+    from delay_broker.cron import REVISION_CHECK_S
+
+    schedules = RuntimeSchedules(store)
+    schedules.add("yearly", "t", cron="0 0 1 1 *")
+    scheduler = CronScheduler(store, builder=builder)
+    scheduler.run_pending()
+    scheduler.run_pending()  # reads the revision: nothing changed
+    schedules.pause("yearly")
+    scheduler.run_pending()  # woken at once by the change: too soon to read again
+    assert scheduler.seconds_until_due() <= REVISION_CHECK_S
+
+
+def test_counting_missed_cron_occurrences_stops_at_a_thousand():
+    """A per-second cron down for a month: counting 2.6 million occurrences one by one held a promoter's thread
+    for seconds. The count stops at COUNT_LIMIT and is reported as "at least" that."""
+    from delay_broker.timing import COUNT_LIMIT
+
+    every_second = Timing.create(cron="* * * * * *")
+    assert COUNT_LIMIT == 1000
+    assert every_second.count_between(at("2026-01-01T00:00:00+00:00"), at("2026-02-01T00:00:00+00:00")) == 1000
+    assert Timing.create(every=1).count_between(0, 86_400_000) == 86_399, "intervals are counted exactly"
 
 
 def test_a_promoter_counts_missed_occurrences_in_its_metrics(store, ready_key):

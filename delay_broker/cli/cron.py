@@ -249,11 +249,9 @@ def cron_forget(name: str, yes: bool, redis_url: str | None, namespace: str, as_
     """Drop the record of schedule NAME and cancel its parked occurrence: for a schedule removed from the
     application. A promoter that still declares it parks its next occurrence again."""
     session = open_session(redis_url, namespace, as_json)
-    recorded = [
-        row for row in schedule_rows(session.store) if row["due_ms"] is not None or row["state"] == "malformed record"
-    ]
-    row = next((row for row in recorded if row["name"] == name), None)
-    if row is None:
+    recorded = session.store.schedules()  # a record rewound by a change shows no occurrence, yet is one
+    row = next((row for row in schedule_rows(session.store) if row["name"] == name), None)
+    if row is None or name not in recorded:
         raise click.ClickException(f"no schedule {printable(name)!r} in namespace {namespace!r}")
     what = f"schedule {printable(name)!r}"
     confirm(f"forget {what}", f"Forget {what} and cancel its next run?", yes)
