@@ -388,6 +388,26 @@ def test_a_durable_store_does_not_claim_on_a_master_without_its_replicas(store: 
     assert all(store.get(f"m{n}").attempts == 0 for n in range(3))  # type: ignore[union-attr]
 
 
+def test_a_sharded_namespace_lists_pages_by_offset_in_due_order(client: redis.Redis, namespace: str):
+    """Each shard's first offset + count entries are read as (score, id) only, and the page's own messages whole:
+    the pages are those of one sorted list, deep ones too."""
+    store = DelayStore(client, namespace=namespace, shards=4)
+    now = store.now_ms()
+    ids = [f"p-{n:03d}" for n in range(300)]
+    store.park_many(
+        [ParkRequest(id, envelope(id.encode()), due=datetime.fromtimestamp((now + 60_000 + n) / 1000, tz=timezone.utc))
+         for n, id in enumerate(ids)]
+    )  # fmt: skip
+    assert len({store.shard_for(id) for id in ids}) == 4
+    for offset, count in ((0, 10), (37, 25), (250, 100), (299, 5), (300, 5)):
+        page = store.list_messages("due", offset=offset, count=count)
+        assert [info.id for info in page] == ids[offset : offset + count]
+        assert all(info.envelope is not None and info.envelope.payload == info.id.encode() for info in page)
+    window = store.list_messages("due", start_ms=now + 60_100, end_ms=now + 60_149, offset=10, count=20)
+    assert [info.id for info in window] == ids[110:130]
+    client.delete(*(key for space in store.shards for key in space.all()))
+
+
 def test_the_shard_count_is_recorded_once_and_followed_by_stores_that_took_the_default(
     client: redis.Redis, namespace: str
 ):
