@@ -62,6 +62,7 @@ from .records import (
     TracedPromotion,
 )
 from .redis_errors import no_longer_master, translate
+from .schedule_defs import is_marker_record
 from .targets import ListTarget
 
 logger = logging.getLogger("delay_broker.store")
@@ -406,8 +407,7 @@ class DelayStore:
         home, token = self.shards[0].wake, self.shards[shard].wake
         with self._redis("waking a promoter"):
             pipe = self.client.pipeline(transaction=False)
-            pipe.lrem(home, 0, token)
-            pipe.lpush(home, token)
+            _push_wake(pipe, home, token)
             pipe.execute()
 
     def _by_shard(self, ids: Iterable[str]) -> dict[int, list[str]]:
@@ -635,11 +635,12 @@ class DelayStore:
 
     def schedules(self) -> dict[str, int | None]:
         """Recurring schedules that parked an occurrence: name -> due time (ms) of the latest one (None when
-        the record is malformed). Not the records kept beside them (run-now, rewound), whose names end with a
-        control character and a word, which no schedule's name has."""
+        the record is malformed). Not the markers kept beside them (run-now, rewound)."""
         with self._redis("reading schedules"):
             records = self.client.hgetall(self.keys.cron)
-        return {_text(name): _int_or_none(value) for name, value in records.items() if b"\x1f" not in name}
+        return {
+            _text(name): _int_or_none(value) for name, value in records.items() if not is_marker_record(_text(name))
+        }
 
     def forget_schedule(self, name: str) -> bool:
         """Drop the record of a recurring schedule (its occurrences already parked stay parked). The schedules'
@@ -649,8 +650,7 @@ class DelayStore:
             pipe = self.client.pipeline(transaction=True)
             pipe.hdel(self.keys.cron, name)
             pipe.incr(self.keys.schedules_rev)
-            pipe.lrem(self.keys.wake, 0, self.keys.wake)
-            pipe.lpush(self.keys.wake, self.keys.wake)
+            _push_wake(pipe, self.keys.wake, self.keys.wake)  # the token the scripts' wake_one pushes
             return bool(pipe.execute()[0])
 
     def stored_schedules(self) -> StoredSchedules:
@@ -1480,6 +1480,12 @@ def _int_or_none(value: bytes | str) -> int | None:
         return int(value)
     except ValueError:
         return None
+
+
+def _push_wake(pipe: Any, key: str, token: str) -> None:
+    """Queue on ``pipe`` what the scripts' ``wake_one`` does: ``token`` once at the head of the wake list ``key``."""
+    pipe.lrem(key, 0, token)
+    pipe.lpush(key, token)
 
 
 def check_id(id: object) -> str:
