@@ -28,7 +28,6 @@ SCRIPT_KEYS = (
     "dead",
     "attempts",
     "errors",
-    "seq",
     "wake",
     "stats",
     "promoters",
@@ -168,11 +167,6 @@ class Keyspace:
     def errors(self) -> str:
         """HASH id -> last promotion error (text)."""
         return self.key("errors")
-
-    @property
-    def seq(self) -> str:
-        """STRING counter giving FIFO order to messages due in the same millisecond."""
-        return self.key("seq")
 
     @property
     def wake(self) -> str:

@@ -1317,10 +1317,12 @@ class DelayStore:
         )
 
     def _idle_look(self, shard: int, promoter_id: str) -> DirectPromotion:
-        """What a promotion with no route would see: nothing moved, the shard's head and the clock."""
+        """What a promotion with no route would see: nothing moved, the clock, and the shard's head while it is
+        still ahead. An overdue head stays overdue until a route is declared, so it is no reason to look again
+        at once: the promoter sleeps its ``max_idle`` instead of spinning."""
         snapshot = self._run("stats", shard, [30_000], write=False)
-        head = int(snapshot[5])
-        return DirectPromotion(int(snapshot[0]), None if head < 0 else head, 0, 0, [], shard)
+        now, head = int(snapshot[0]), int(snapshot[5])
+        return DirectPromotion(now, head if head > now else None, 0, 0, [], shard)
 
     def wait_for_wake(self, timeout: float, promoter_id: str) -> frozenset[int] | None:
         """Block until a park moves a shard's head earlier, :meth:`wake` is called for this promoter, or timeout.
@@ -1391,13 +1393,13 @@ class DelayStore:
                     break
                 count += int(reply[0])
                 skipped += len(reply) - 1
-                left.extend(id.decode() for id in reply[1:])
+                left.extend(_stored_id(id) for id in reply[1:])
         return Requeued(count, left)
 
     def _requeue(self, shard: int, args: list[Any]) -> tuple[int, list[str]]:
         reply = self._run("requeue", shard, args)
         self._relay_wake(shard, int(reply[0]) > 0)
-        return int(reply[0]), [id.decode() for id in reply[1:]]
+        return int(reply[0]), [_stored_id(id) for id in reply[1:]]
 
     @property
     def trims_dead(self) -> bool:
@@ -1475,6 +1477,12 @@ def _text(value: bytes | str) -> str:
     return value.decode(errors="replace") if isinstance(value, bytes) else value
 
 
+def _stored_id(raw: bytes) -> str:
+    """An id read back from Redis. One that is not UTF-8 was not parked by delay_broker (its ids are text), and is
+    shown with its odd bytes escaped rather than failing the whole listing."""
+    return raw.decode(errors="backslashreplace")
+
+
 def _int_or_none(value: bytes | str) -> int | None:
     try:
         return int(value)
@@ -1540,7 +1548,7 @@ def _listed(state: ListState, id: bytes, score: Any, raw: Any, attempts: Any, er
     """A message as list.lua and find.lua return it, with its score."""
     value = float(score)
     info = MessageInfo(
-        id=id.decode(),
+        id=_stored_id(id),
         state=state,
         due_ms=due_of_score(value) if state == "due" else None,
         at_ms=None if state == "due" else int(value),

@@ -238,15 +238,15 @@ def test_a_record_ahead_of_the_expression_is_reported_once(store: DelayStore, cl
     assert len(warnings) == 1 and "cron forget report" in warnings[0]
 
 
-def test_a_corrupt_fifo_counter_refuses_an_occurrence_without_moving_the_record(store: DelayStore, client):
+def test_a_corrupt_counter_refuses_an_occurrence_without_moving_the_record(store: DelayStore, client):
     due = datetime.now(timezone.utc) + timedelta(hours=1)
-    client.set(store.keys.seq, "not a number")
+    client.hset(store.keys.stats, "parked", "not a number")
     try:
         with pytest.raises(DelayBrokerError, match="not an integer counter"):
             store.park_occurrence("report", "r1", payload_of("r1", due), due)
         assert store.schedules() == {}, "the record did not move: the occurrence can still be parked"
     finally:
-        client.delete(store.keys.seq)
+        client.hdel(store.keys.stats, "parked")
     assert store.park_occurrence("report", "r1", payload_of("r1", due), due).outcome == "new"
 
 

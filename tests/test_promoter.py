@@ -171,6 +171,49 @@ def test_a_promoter_with_no_route_yet_waits_without_errors_and_serves_routes_dec
     assert popped is not None and popped[1] == b"late" and promoter.counters.errors == 0
 
 
+def test_a_promoter_with_no_route_sleeps_its_max_idle_past_an_overdue_message(redis_server, namespace):
+    client = redis_server.client()
+    store = DelayStore(client, namespace=namespace)
+    store.park("overdue", envelope(), delay=0)  # nothing may promote it until its route is declared
+    promoter = Promoter(store, DirectLists({}), max_idle=1).start()
+    try:
+        time.sleep(0.5)
+        cycles = promoter.counters.cycles
+        time.sleep(2.5)
+        cycles = promoter.counters.cycles - cycles
+    finally:
+        promoter.stop()
+    assert cycles <= 4, f"{cycles} looks in 2.5 s: it spun on the overdue head"
+    assert promoter.counters.errors == 0 and store.get("overdue") is not None
+
+
+class FailsOnce:
+    """A deliverer whose first delivery fails, and that notes when each attempt came."""
+
+    def __init__(self) -> None:
+        self.attempts: list[float] = []
+
+    def deliver(self, message: ClaimedMessage) -> None:
+        self.attempts.append(time.monotonic())
+        if len(self.attempts) == 1:
+            raise RuntimeError("broker hiccup")
+
+
+def test_a_retry_comes_after_its_backoff_not_after_the_promoters_sleep(redis_server, namespace):
+    store = DelayStore(redis_server.client(), namespace=namespace, retry_backoff=(0.5, 60))
+    deliverer = FailsOnce()
+    promoter = Promoter(store, deliverer, max_idle=20).start()
+    try:
+        time.sleep(0.3)
+        store.park("job", envelope(), delay=0)
+        wait_for(lambda: len(deliverer.attempts) == 2, timeout=15, what="the retry")
+    finally:
+        promoter.stop()
+    gap = deliverer.attempts[1] - deliverer.attempts[0]
+    print(f"retry after {gap:.2f} s (backoff 0.5 s, max_idle 20 s)")
+    assert gap < 5, "woken for the retry, not after max_idle"
+
+
 def test_sharded_store_on_one_server_promotes_every_shard_and_wakes_per_shard(redis_server, namespace, ready_key):
     client = redis_server.client()
     store = DelayStore(client, namespace=namespace, shards=5)

@@ -6,12 +6,13 @@ from __future__ import annotations
 
 import importlib.util
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from delay_broker import DelayStore, Envelope, InvalidDelay
+from delay_broker import DelayStore, Envelope, InvalidDelay, ParkRequest
 from delay_broker.deliverers import DirectLists
 from delay_broker.embedded import EmbeddedRedis, redis_executable
 from delay_broker.errors import DelayBrokerError, NotEnoughReplicas, StoreFull, StoreReadOnly
@@ -81,10 +82,10 @@ def test_norepl_oom_readonly_and_corrupt_keys_say_what_they_are(server: Embedded
     with pytest.raises(StoreFull, match=r"maxmemory.*\(OOM"):
         store.park("o", Envelope(route="r", payload=b"x"), delay=60)
     client.config_set("maxmemory", 0)
-    client.set(store.keys.seq, "not a number")
-    with pytest.raises(DelayBrokerError, match="is not an integer counter: nothing was changed"):
+    client.hset(store.keys.stats, "parked", "not a number")
+    with pytest.raises(DelayBrokerError, match=r"field parked of key .* is not an integer counter: nothing was"):
         store.park("s", Envelope(route="r", payload=b"x"), delay=60)
-    client.delete(store.keys.seq)
+    client.hdel(store.keys.stats, "parked")
     assert store.get("n") is None and store.get("o") is None and store.get("s") is None
     with EmbeddedRedis(["--replicaof", "127.0.0.1", str(server.port)], executable=executable) as replica:
         on_replica = DelayStore(replica.client(), namespace="refusals")
@@ -92,3 +93,32 @@ def test_norepl_oom_readonly_and_corrupt_keys_say_what_they_are(server: Embedded
             on_replica.park("r", Envelope(route="r", payload=b"x"), delay=60)
         with pytest.raises(StoreReadOnly):
             on_replica.promote_direct(DirectLists({"r": ListTarget("r")}).direct_routes(), 10, "p")
+
+
+def test_over_maxmemory_promotion_acks_and_nacks_still_drain_the_store(server: EmbeddedRedis) -> None:
+    # Redis refuses a script's first write when it may grow memory; promoting, acknowledging and giving back
+    # are what free memory, so they must not start with one (noeviction: the setting the README asks for).
+    client = server.client()
+    store = DelayStore(client, namespace="full", retry_backoff=(0.05, 0.1))
+    payload = b"p" * 20_000
+    store.park_many([ParkRequest(f"m{n}", Envelope(route="ready", payload=payload), delay=0) for n in range(200)])
+    claim = store.claim(10, 60, "at-least-once")
+    held = [message.id for message in claim.messages]
+    client.config_set("maxmemory-policy", "noeviction")
+    client.config_set("maxmemory", int(client.info("memory")["used_memory"]) - 1_000_000)
+    try:
+        with pytest.raises(StoreFull):
+            store.park("new", Envelope(route="ready", payload=b"x"), delay=60)
+        outcomes = store.nack(claim.lease_deadline_ms, [(held[0], "boom", "retry"), (held[1], "gone", "release")])
+        assert outcomes == ["retried", "released"]
+        assert store.ack(claim.lease_deadline_ms, held[2:]) == 8
+        routes = {"ready": ListTarget("ready")}
+        promoted = sum(store.promote_direct(routes, 100, "exactly-once").promoted for _ in range(3))
+        time.sleep(0.2)  # the retry's backoff
+        promoted += store.promote_direct(routes, 100, "exactly-once").promoted
+        assert promoted == 192 and client.llen("ready") == 192
+        assert store.promote_direct(routes, 100, "exactly-once").promoted == 0, "an idle look is not refused either"
+    finally:
+        client.config_set("maxmemory", 0)
+    stats = store.stats()
+    assert (stats.parked, stats.inflight, stats.dead) == (0, 0, 0)

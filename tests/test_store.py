@@ -149,6 +149,34 @@ def test_fifo_within_one_millisecond(store, client, ready_key):
     assert popped == list(reversed(ids))
 
 
+def test_fifo_holds_however_many_parks_came_before(store, client, ready_key):
+    # 1,023 parks of another due time first: a store-wide counter of 1,024 slots would wrap between the next two.
+    store.park_many([ParkRequest(f"other-{n}", envelope(b"other"), delay=3600) for n in range(1023)])
+    due = datetime.now(timezone.utc) - timedelta(seconds=1)
+    store.park("first", envelope(b"first"), due=due)
+    store.park("second", envelope(b"second"), due=due)
+    batch = [f"job-{n:04d}" for n in range(1100)]  # past the millisecond's 1,024 slots
+    store.park_many([ParkRequest(id, envelope(id.encode()), due=due) for id in batch])
+    assert promote(store, ready_key) + promote(store, ready_key) == 1102
+    popped = [client.rpop(ready_key) for _ in range(1102)]
+    expected = [b"first", b"second", *(id.encode() for id in batch)]
+    assert popped[:1023] == expected[:1023], "parking order, for the 1,024 slots of a millisecond"
+    assert sorted(popped) == sorted(expected), "past them: every message, in an order of their own"
+
+
+def test_retries_requeues_and_reschedules_go_after_what_is_due_at_the_same_time(store, client, ready_key):
+    store.park_many([ParkRequest(f"other-{n}", envelope(b"other"), delay=3600) for n in range(1023)])
+    store.park_many([ParkRequest(id, envelope(id.encode()), delay=0) for id in ("a", "b")])
+    claim = store.claim(10, 30, "p")
+    store.nack(claim.lease_deadline_ms, [("a", "boom", "dead"), ("b", "boom", "dead")])
+    assert store.requeue_dead(["a", "b"]).count == 2
+    due = store.get("a").due_ms
+    store.park("c", envelope(b"c"), due=datetime.fromtimestamp(due / 1000, timezone.utc))
+    store.park("d", envelope(b"d"), delay=60)
+    store.reschedule("d", due=datetime.fromtimestamp(due / 1000, timezone.utc))
+    assert [info.id for info in store.list_messages("due", count=4)] == ["a", "b", "c", "d"]
+
+
 def test_keep_mode_deduplicates(store):
     first = store.park("job", envelope(b"first"), delay=60)
     again = store.park("job", envelope(b"second"), delay=3600, on_conflict="keep")

@@ -3,8 +3,8 @@
 -- KEYS: none of its own (each function takes the key names it touches from the calling script's KEYS).
 -- ARGV: none.
 
--- Scores are due_ms * FIFO_SLOTS + (sequence mod FIFO_SLOTS): messages due in the same millisecond keep the
--- order they were parked in. Must equal delay_broker.clock.FIFO_SLOTS.
+-- Scores are due_ms * FIFO_SLOTS + slot: messages due in the same millisecond keep the order they were parked
+-- in (see fifo_score). Must equal delay_broker.clock.FIFO_SLOTS.
 local FIFO_SLOTS = 1024
 
 local function now_ms()
@@ -36,8 +36,17 @@ local function too_far(id, delay_ms, max_delay_ms)
         .. ' from now, beyond max_delay (' .. seconds_text(max_delay_ms) .. ')')
 end
 
-local function score_for(due_ms, seq)
-    return due_ms * FIFO_SLOTS + (seq % FIFO_SLOTS)
+-- The score of a message due at `due_ms` that goes after every message already due in that millisecond: the
+-- slot after the last one taken. Per millisecond, not from a store-wide counter, whose wrap-around would put a
+-- later park first. Past the last slot, messages share it and Redis orders them by id.
+local function fifo_score(due_key, due_ms)
+    local first = due_ms * FIFO_SLOTS
+    local last = first + FIFO_SLOTS - 1
+    local taken = redis.call('ZRANGE', due_key, last, first, 'BYSCORE', 'REV', 'LIMIT', 0, 1, 'WITHSCORES')
+    if taken[2] then
+        return math.min(tonumber(taken[2]) + 1, last)
+    end
+    return first
 end
 
 local function dead_letter(dead_key, errors_key, stats_key, id, reason, now)
@@ -259,24 +268,60 @@ local function wrong_type(...)
     return nil
 end
 
--- `count` consecutive FIFO sequence numbers (see score_for), or nil and the refusal to return: a key of the
--- wrong type named, a counter that is not an integer said so, any other refusal of the server's (OOM,
--- NOREPLICAS, READONLY) as Redis said it (redis.pcall's error table has the same shape on Redis 6.2 to 8).
--- Must be the script's first write, so that a refusal leaves every message as it was.
-local function next_seq(seq_key, count)
-    local reply = redis.pcall('INCRBY', seq_key, count)
+-- Adds `count` to the stats counter `field`; returns nil, or the refusal to return: a key of the wrong type
+-- named, a counter that is not an integer said so, any other refusal of the server's (OOM, NOREPLICAS,
+-- READONLY) as Redis said it (redis.pcall's error table has the same shape on Redis 6.2 to 8). Made a
+-- script's first write, so that a refusal leaves every message as it was.
+local function count_first(stats_key, field, count)
+    local reply = redis.pcall('HINCRBY', stats_key, field, count)
     if type(reply) ~= 'table' then
-        return reply - count, nil
+        return nil
     end
-    local problem = wrong_type(seq_key, 'string')
+    local problem = wrong_type(stats_key, 'hash')
     if problem then
-        return nil, problem
+        return problem
     end
     if string.find(reply['err'], 'not an integer', 1, true) then
-        return nil, redis.error_reply('ERR key ' .. seq_key .. ' is not an integer counter: nothing was changed; '
-            .. 'delete it to let delay_broker go on')
+        return redis.error_reply('ERR field ' .. field .. ' of key ' .. stats_key .. ' is not an integer counter: '
+            .. 'nothing was changed; delete the field to let delay_broker go on')
     end
-    return nil, reply
+    return reply
+end
+
+-- What a leased message goes back with: its due score (from LEASED; now if that is gone) and its failed
+-- attempts so far; or nil, nil and the reason to dead-letter it when either is not a number, since giving it
+-- back would fail half-way or loop. Reads only.
+local function lease_record(leased_key, attempts_key, id, now)
+    local leased = redis.call('HGET', leased_key, id)
+    local score = now * FIFO_SLOTS
+    if leased then
+        score = tonumber(leased)
+    end
+    if not score then
+        return nil, nil, 'malformed lease record: its due score is not a number'
+    end
+    local counted = redis.call('HGET', attempts_key, id)
+    local attempts = 0
+    if counted then
+        attempts = tonumber(counted)
+    end
+    if not attempts or attempts < 0 or attempts ~= math.floor(attempts) then
+        return nil, nil, 'malformed attempts count: not a whole number'
+    end
+    return score, attempts, nil
+end
+
+-- A promoter's heartbeat, written after the script's other writes. Over maxmemory Redis refuses a script's
+-- first write if it may grow memory (ZADD): a promoter that pops and deletes first is what lets the store
+-- drain, and one with nothing to do skips its heartbeat rather than fail. Any other refusal (a read-only
+-- replica, too few replicas) is returned, for the script to return: it stops the first write as well, so
+-- nothing was written before it.
+local function heartbeat(promoters_key, now, promoter)
+    local reply = redis.pcall('ZADD', promoters_key, now, promoter)
+    if type(reply) == 'table' and reply['err'] and not string.find(reply['err'], 'OOM', 1, true) then
+        return reply
+    end
+    return nil
 end
 
 -- Promotion lateness, store-wide and all time: how many messages were promoted how late (ms after their due

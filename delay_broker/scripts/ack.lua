@@ -36,12 +36,14 @@ if #acked > 0 then
             lateness[#lateness + 1] = math.max(0, now - due_of(score))
         end
     end
-    count_lateness(LATENESS, lateness)
+    -- Deletes first: over maxmemory Redis refuses a script's first write only if it may grow memory, and
+    -- an acknowledgement frees memory.
     redis.call('ZREM', INFLIGHT, unpack(acked))
     redis.call('HDEL', MSG, unpack(acked))
     redis.call('HDEL', LEASED, unpack(acked))
     redis.call('HDEL', ATTEMPTS, unpack(acked))
     redis.call('HDEL', ERRORS, unpack(acked))
+    count_lateness(LATENESS, lateness)
     redis.call('HINCRBY', STATS, 'promoted', #acked)
 end
 return #acked

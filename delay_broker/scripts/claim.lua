@@ -11,7 +11,8 @@
 --   PROMOTERS ZSET promoter id -> last heartbeat
 -- ARGV[1] batch (<= 1000)   ARGV[2] lease_ms   ARGV[3] max_attempts   ARGV[4] promoter id
 -- Returns {now_ms, lease_deadline_ms, next_wake_ms (-1: nothing parked), id1, score1, envelope1, ...}.
--- Messages whose envelope is missing are dead-lettered here and not returned.
+-- Messages whose envelope is missing, or whose id is not UTF-8, are dead-lettered here and not returned; so is
+-- a message whose lease record is spoiled (see lease_record).
 
 local batch = tonumber(ARGV[1])
 local lease = tonumber(ARGV[2])
@@ -22,22 +23,27 @@ if problem then
     return problem
 end
 local now = now_ms()
-redis.call('ZADD', PROMOTERS, now, ARGV[4])
 
 -- A lease that ran out means its promoter died or stalled: the message goes back, counted as an attempt so
 -- a message that kills every promoter ends up dead instead of looping forever.
 local expired = redis.call('ZRANGEBYSCORE', INFLIGHT, '-inf', now, 'LIMIT', 0, batch)
 for _, id in ipairs(expired) do
-    local attempts = redis.call('HINCRBY', ATTEMPTS, id, 1)
-    local score = redis.call('HGET', LEASED, id) or (now * FIFO_SLOTS)
+    local score, attempts, spoiled = lease_record(LEASED, ATTEMPTS, id, now)
+    -- Deletes first: over maxmemory Redis refuses a script's first write only if it may grow memory.
     redis.call('ZREM', INFLIGHT, id)
     redis.call('HDEL', LEASED, id)
-    if attempts >= max_attempts then
-        dead_letter(DEAD, ERRORS, STATS, id,
-            'lease expired ' .. attempts .. ' times: the promoter holding it died or stalled', now)
+    if spoiled then
+        dead_letter(DEAD, ERRORS, STATS, id, spoiled, now)
     else
-        redis.call('ZADD', DUE, score, id)
-        redis.call('HSET', ERRORS, id, 'lease expired: promoter died or stalled')
+        attempts = attempts + 1
+        redis.call('HSET', ATTEMPTS, id, attempts)
+        if attempts >= max_attempts then
+            dead_letter(DEAD, ERRORS, STATS, id,
+                'lease expired ' .. attempts .. ' times: the promoter holding it died or stalled', now)
+        else
+            redis.call('ZADD', DUE, score, id)
+            redis.call('HSET', ERRORS, id, 'lease expired: promoter died or stalled')
+        end
     end
 end
 
@@ -51,7 +57,10 @@ if ready > 0 then
     local leases, scores = {}, {}
     for n, id in ipairs(ids) do
         local score = due[n * 2]
-        if envelopes[n] then
+        if not is_utf8(id) then
+            -- Promoters are handed ids as text: one they cannot read would stall its whole batch.
+            dead_letter(DEAD, ERRORS, STATS, id, 'malformed id: not UTF-8', now)
+        elseif envelopes[n] then
             leases[#leases + 1] = deadline
             leases[#leases + 1] = id
             scores[#scores + 1] = id
@@ -76,5 +85,9 @@ if lease_head[2] and (not next_wake or tonumber(lease_head[2]) < next_wake) then
 end
 if next_wake then
     result[3] = next_wake
+end
+local refused = heartbeat(PROMOTERS, now, ARGV[4])
+if refused then
+    return refused
 end
 return result

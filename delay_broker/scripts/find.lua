@@ -100,7 +100,7 @@ while examined < scan and matched < limit do
             result[#result + 1] = id
             result[#result + 1] = page[n * 2]
             result[#result + 1] = needs_header and envelopes[n] or redis.call('HGET', MSG, id)
-            result[#result + 1] = tonumber(redis.call('HGET', ATTEMPTS, id) or 0)
+            result[#result + 1] = tonumber(redis.call('HGET', ATTEMPTS, id) or 0) or 0
             result[#result + 1] = redis.call('HGET', ERRORS, id)
             if matched >= limit then
                 break

@@ -26,7 +26,7 @@ else
     score = redis.call('ZSCORE', INFLIGHT, id)
     if score then
         state, at = 'inflight', tonumber(score)
-        local leased = redis.call('HGET', LEASED, id)
+        local leased = tonumber(redis.call('HGET', LEASED, id))
         if leased then
             due = due_of(leased)
         end
@@ -41,4 +41,6 @@ local envelope = redis.call('HGET', MSG, id)
 if state == 'gone' and not envelope then
     return {state, -1, -1, false, 0, false}
 end
-return {state, due, at, envelope, tonumber(redis.call('HGET', ATTEMPTS, id) or 0), redis.call('HGET', ERRORS, id)}
+-- A spoiled count reads as 0 (such a message is dead-lettered, saying so) rather than cutting the reply short.
+local attempts = tonumber(redis.call('HGET', ATTEMPTS, id) or 0) or 0
+return {state, due, at, envelope, attempts, redis.call('HGET', ERRORS, id)}

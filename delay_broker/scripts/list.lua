@@ -34,7 +34,7 @@ for n, id in ipairs(ids) do
     result[#result + 1] = id
     result[#result + 1] = page[n * 2]
     result[#result + 1] = envelopes[n]
-    result[#result + 1] = tonumber(attempts[n] or 0)
+    result[#result + 1] = tonumber(attempts[n] or 0) or 0
     result[#result + 1] = errors[n]
 end
 return result

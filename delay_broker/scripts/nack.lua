@@ -8,16 +8,17 @@
 --   DEAD      ZSET id -> dead-lettered at
 --   ATTEMPTS  HASH id -> failed attempts
 --   ERRORS    HASH id -> last error
---   SEQ       STRING FIFO sequence
 --   STATS     HASH counters
---   WAKE      LIST wake marker (released messages are due at once: another promoter may take them)
+--   WAKE      LIST wake marker (released messages are due at once: another promoter may take them; a retry
+--             may come due before the head)
 -- ARGV[1] lease deadline the claim returned  ARGV[2] max_attempts  ARGV[3] base backoff ms
 -- ARGV[4] max backoff ms  ARGV[5..] groups of 3: id, reason, action ('retry', 'dead' or 'release')
 -- Returns one outcome per id: 1 = retried later, 2 = dead-lettered, 3 = released, 0 = lease no longer held
--- (left alone); then 1 if WAKE was pushed, else 0.
+-- (left alone); then 1 if WAKE was pushed, else 0. A message whose attempts count or lease record is not a
+-- number is dead-lettered, saying so.
 
 local problem = wrong_type(INFLIGHT, 'zset', DUE, 'zset', LEASED, 'hash', DEAD, 'zset', ATTEMPTS, 'hash',
-    ERRORS, 'hash', SEQ, 'string', STATS, 'hash', WAKE, 'list')
+    ERRORS, 'hash', STATS, 'hash', WAKE, 'list')
 if problem then
     return problem
 end
@@ -27,45 +28,47 @@ local max_attempts = tonumber(ARGV[2])
 local base = tonumber(ARGV[3])
 local cap = tonumber(ARGV[4])
 local now = now_ms()
--- Sequence numbers are taken before anything moves: a failing INCRBY (a corrupt counter) must not strike
--- after a message has left the in-flight set.
-local seq, refused = next_seq(SEQ, (#ARGV - 4) / 3)
-if refused then
-    return refused
-end
 local result = {}
-local released = false
+local head = head_due(DUE)
+local wake = false
 for i = 5, #ARGV, 3 do
     local id, reason, action = ARGV[i], ARGV[i + 1], ARGV[i + 2]
     local score = redis.call('ZSCORE', INFLIGHT, id)
     if not score or tonumber(score) ~= deadline then
         result[#result + 1] = 0
     else
-        local due_score = redis.call('HGET', LEASED, id) or (now * FIFO_SLOTS)
-        local attempts = 0
-        if action ~= 'release' then
-            attempts = redis.call('HINCRBY', ATTEMPTS, id, 1)
-        end
+        local due_score, attempts, spoiled = lease_record(LEASED, ATTEMPTS, id, now)
+        -- Deletes first: over maxmemory Redis refuses a script's first write only if it may grow memory, and
+        -- giving messages back is what lets the store drain.
         redis.call('ZREM', INFLIGHT, id)
         redis.call('HDEL', LEASED, id)
-        if action == 'release' then
-            redis.call('ZADD', DUE, due_score, id)
-            released = true
-            result[#result + 1] = 3
-        elseif action == 'dead' or attempts >= max_attempts then
-            dead_letter(DEAD, ERRORS, STATS, id, reason .. ' (after ' .. attempts .. ' attempts)', now)
+        if spoiled then
+            dead_letter(DEAD, ERRORS, STATS, id, spoiled, now)
             result[#result + 1] = 2
+        elseif action == 'release' then
+            redis.call('ZADD', DUE, due_score, id)
+            wake = true
+            result[#result + 1] = 3
         else
-            local backoff = math.min(cap, base * 2 ^ (attempts - 1))
-            redis.call('ZADD', DUE, score_for(now + backoff, seq + (i - 5) / 3), id)
-            redis.call('HSET', ERRORS, id, reason)
-            redis.call('HINCRBY', STATS, 'retried', 1)
-            result[#result + 1] = 1
+            attempts = attempts + 1
+            redis.call('HSET', ATTEMPTS, id, attempts)
+            if action == 'dead' or attempts >= max_attempts then
+                dead_letter(DEAD, ERRORS, STATS, id, reason .. ' (after ' .. attempts .. ' attempts)', now)
+                result[#result + 1] = 2
+            else
+                local due = now + math.min(cap, base * 2 ^ (attempts - 1))
+                redis.call('ZADD', DUE, fifo_score(DUE, due), id)
+                redis.call('HSET', ERRORS, id, reason)
+                redis.call('HINCRBY', STATS, 'retried', 1)
+                -- A retry sooner than every parked message is what a sleeping promoter must wake for.
+                wake = wake or not head or due < head
+                result[#result + 1] = 1
+            end
         end
     end
 end
-if released then
+if wake then
     wake_one(WAKE)
 end
-result[#result + 1] = released and 1 or 0
+result[#result + 1] = wake and 1 or 0
 return result

@@ -7,7 +7,6 @@
 --   DEAD      ZSET id -> dead-lettered at
 --   ATTEMPTS  HASH id -> failed attempts
 --   ERRORS    HASH id -> last error
---   SEQ       STRING FIFO sequence
 --   WAKE      LIST wake marker
 --   STATS     HASH counters
 --   CRON      HASH schedule name -> due ms of the latest occurrence parked for it
@@ -145,23 +144,15 @@ for n = 1, count do
     end
 end
 local woke = (earliest and (not head or earliest < head)) and 1 or 0
-local seq = 0
 if writing > 0 then
     -- MSG and DUE were read above, which checked their types. The keys only written are checked here, the
-    -- rare ones with TYPE; SEQ and STATS by their first write, which comes before any other: a refusal there
-    -- leaves every message as it was (at most the FIFO counter has moved on, which orders nothing).
+    -- rare ones with TYPE; STATS by its first write, which comes before any other: a refusal there leaves
+    -- every message as it was.
     local problem = (woke == 1 and wrong_type(WAKE, 'list'))
         or (replacing and wrong_type(LEASED, 'hash', ATTEMPTS, 'hash', ERRORS, 'hash'))
+        or count_first(STATS, 'parked', writing)
     if problem then
         return problem
-    end
-    seq, problem = next_seq(SEQ, count)
-    if problem then
-        return problem
-    end
-    local counted = redis.pcall('HINCRBY', STATS, 'parked', writing)
-    if type(counted) == 'table' then
-        return wrong_type(STATS, 'hash') or counted
     end
 end
 
@@ -189,7 +180,7 @@ for n = 1, count do
             redis.call('HDEL', ATTEMPTS, id)
             redis.call('HDEL', ERRORS, id)
         end
-        redis.call('ZADD', DUE, score_for(dues[n], seq + n - 1), id)
+        redis.call('ZADD', DUE, fifo_score(DUE, dues[n]), id)
         redis.call('HSET', MSG, id, ARGV[i + 3])
         result[#result + 1] = dues[n]
         result[#result + 1] = held[n] and 2 or 1

@@ -30,7 +30,6 @@ if problem then
 end
 local batch = tonumber(ARGV[1])
 local now = now_ms()
-redis.call('ZADD', PROMOTERS, now, ARGV[2])
 
 local routes = {}
 for k = 0, (#ARGV - 2) / 2 - 1 do
@@ -156,6 +155,10 @@ end
 local next_due = head_due(DUE)
 if next_due then
     result[2] = next_due
+end
+local refused = heartbeat(PROMOTERS, now, ARGV[2])
+if refused then
+    return refused
 end
 result[3] = promoted
 result[4] = dead

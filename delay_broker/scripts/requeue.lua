@@ -5,7 +5,6 @@
 --   MSG       HASH id -> envelope
 --   ATTEMPTS  HASH id -> failed attempts
 --   ERRORS    HASH id -> last error
---   SEQ       STRING FIFO sequence
 --   WAKE      LIST wake marker
 --   STATS     HASH counters
 -- ARGV[1] limit (<= 1000) and ARGV[2] offset when no ids follow: requeue dead letters from that rank on (the
@@ -13,7 +12,7 @@
 -- Returns {requeued, ids not requeued: not dead-lettered, or with no payload to requeue...}.
 
 local problem = wrong_type(DEAD, 'zset', DUE, 'zset', MSG, 'hash', ATTEMPTS, 'hash', ERRORS, 'hash',
-    SEQ, 'string', WAKE, 'list', STATS, 'hash')
+    WAKE, 'list', STATS, 'hash')
 if problem then
     return problem
 end
@@ -27,15 +26,11 @@ if #ids == 0 then
     ids = redis.call('ZRANGE', DEAD, offset, offset + tonumber(ARGV[1]) - 1)
 end
 local now = now_ms()
-local seq, refused = next_seq(SEQ, #ids)
-if refused then
-    return refused
-end
 local result = {0}
 for n, id in ipairs(ids) do
     if redis.call('ZSCORE', DEAD, id) and redis.call('HEXISTS', MSG, id) == 1 then
         redis.call('ZREM', DEAD, id)
-        redis.call('ZADD', DUE, score_for(now, seq + n - 1), id)
+        redis.call('ZADD', DUE, fifo_score(DUE, now), id)
         redis.call('HDEL', ATTEMPTS, id)
         redis.call('HDEL', ERRORS, id)
         result[1] = result[1] + 1

@@ -2,7 +2,6 @@
 -- replacing its envelope in the same step (an adapter whose payload carries the due time rewrites it).
 -- KEYS: one shard's keys in delay_broker.keys.SCRIPT_KEYS order, named by the prelude. Uses:
 --   DUE       ZSET id -> score
---   SEQ       STRING FIFO sequence
 --   WAKE      LIST wake marker
 --   MSG       HASH id -> envelope
 -- ARGV[1] id  ARGV[2] kind ('d' = delay ms from Redis TIME, 'a' = absolute due ms)  ARGV[3] value
@@ -11,7 +10,7 @@
 -- Returns {new due time in ms, or -1 when the id is not parked (unknown, in flight or dead); 1 if WAKE was
 -- pushed, else 0}.
 
-local problem = wrong_type(DUE, 'zset', SEQ, 'string', WAKE, 'list', MSG, 'hash')
+local problem = wrong_type(DUE, 'zset', WAKE, 'list', MSG, 'hash')
 if problem then
     return problem
 end
@@ -33,11 +32,7 @@ if max_delay >= 0 and due - now > max_delay then
     return too_far(id, due - now, max_delay)
 end
 local head = head_due(DUE)
-local seq, refused = next_seq(SEQ, 1)
-if refused then
-    return refused
-end
-redis.call('ZADD', DUE, 'XX', score_for(due, seq), id)
+redis.call('ZADD', DUE, 'XX', fifo_score(DUE, due), id)
 if ARGV[5] ~= '' then
     redis.call('HSET', MSG, id, ARGV[5])
 end
