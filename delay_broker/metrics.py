@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import socket
 import threading
 import weakref
 from collections.abc import Iterable, Mapping, Sequence
@@ -41,6 +42,8 @@ if TYPE_CHECKING:
 logger = logging.getLogger("delay_broker.metrics")
 
 PREFIX = "delay_broker"
+STORE_EVENTS = ("parked", "promoted", "dead_lettered", "dead_dropped", "retried", "cancelled", "requeued")
+"""The store-wide counters :class:`StoreCollector` exposes (``delay_broker_store_events_total``)."""
 
 LATENESS_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0)
 """Seconds between a message's due time and its promotion."""
@@ -294,8 +297,7 @@ class StoreCollector:
         )
         events = CounterMetricFamily(
             f"{PREFIX}_store_events",
-            "Store-wide event counters kept in Redis (all promoters and producers): parked, promoted, "
-            "dead_lettered, dead_dropped, retried, cancelled, requeued.",
+            "Store-wide event counters kept in Redis (all promoters and producers): " + ", ".join(STORE_EVENTS) + ".",
             labels=["namespace", "event"],
         )
         for namespace, stats in results.items():
@@ -318,7 +320,9 @@ class StoreCollector:
             if len(counts) == len(DUE_BUCKETS):
                 for label, count in zip(DUE_BUCKETS, counts, strict=True):
                     by_due.add_metric([namespace, label], count)
-            for event, total in sorted(stats.counters.items()):
+            # Every documented event from the first scrape, at 0 until it happens: increase() over a series that
+            # first appears at 50 sees no increase, and an alert on the first dead letters would stay silent.
+            for event, total in sorted({**dict.fromkeys(STORE_EVENTS, 0), **stats.counters}.items()):
                 events.add_metric([namespace, event], total)
         return [up, *gauges.values(), next_due, by_due, events]
 
@@ -328,6 +332,20 @@ class StoreCollector:
 
 class _ThreadingWSGIServer(ThreadingMixIn, WSGIServer):
     daemon_threads = True
+
+
+class _ThreadingWSGIServerV6(_ThreadingWSGIServer):
+    address_family = socket.AF_INET6
+
+
+def _server_class(addr: str, port: int) -> type[_ThreadingWSGIServer]:
+    """The server class for ``addr``'s address family: ``::1`` or ``::`` need an IPv6 socket."""
+    families = {info[0] for info in socket.getaddrinfo(addr or None, port, type=socket.SOCK_STREAM)}
+    return (
+        _ThreadingWSGIServerV6
+        if socket.AF_INET6 in families and socket.AF_INET not in families
+        else _ThreadingWSGIServer
+    )
 
 
 class _SilentHandler(WSGIRequestHandler):
@@ -356,10 +374,9 @@ class MetricsServer:
 
     @property
     def url(self) -> str:
-        host = str(self.server.server_address[0])
-        if host in ("0.0.0.0", "::", ""):
-            host = "127.0.0.1"
-        return f"http://{host}:{self.port}/metrics"
+        host = {"0.0.0.0": "127.0.0.1", "": "127.0.0.1", "::": "::1"}.get(str(self.server.server_address[0]))
+        host = host or str(self.server.server_address[0])
+        return f"http://[{host}]:{self.port}/metrics" if ":" in host else f"http://{host}:{self.port}/metrics"
 
     def stop(self) -> None:
         """Stop serving, close the socket, and take the store collector off the registry."""
@@ -400,7 +417,7 @@ def start_metrics_server(
         registry.register(collector)
     try:
         app = prom.make_wsgi_app(registry)
-        server = make_server(addr, port, app, _ThreadingWSGIServer, handler_class=_SilentHandler)
+        server = make_server(addr, port, app, _server_class(addr, port), handler_class=_SilentHandler)
     except BaseException:
         if collector is not None:
             registry.unregister(collector)

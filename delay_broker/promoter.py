@@ -407,20 +407,29 @@ class Promoter:
                 by_task[message.envelope.route, message.envelope.name or ""] += 1
                 elapsed_ms = int((time.monotonic() - started) * 1000)
                 lateness.append(now_ms + elapsed_ms - message.due_ms)
-        dead = 0
-        # Give back first: if Redis fails between the two calls, released messages must not wait out a lease
-        # (its expiry counts as an attempt); delivered ones waiting out theirs are merely delivered again.
-        if failures:
-            outcomes: list[str] = self.store.nack(deadline_ms, failures, shard=claim.shard)
-            dead = outcomes.count("dead")
-            if dead:
-                self._dead_in.add(claim.shard)
-            self.counters.retried += outcomes.count("retried")
-            for (id, reason, _), outcome in zip(failures, outcomes, strict=True):
-                if outcome == "dead":
-                    logger.warning("Promoter %s: dead-lettered %s: %s", self.id, id, reason)
-        if delivered:
-            self.store.ack(deadline_ms, delivered, shard=claim.shard)
+        buried = list(claim.dead_lettered)  # by the claim itself: lease ran out too often, no envelope ...
+        try:
+            # Give back first: if Redis fails between the two calls, released messages must not wait out a
+            # lease (its expiry counts as an attempt); delivered ones waiting out theirs are merely delivered
+            # again.
+            if failures:
+                outcomes: list[str] = self.store.nack(deadline_ms, failures, shard=claim.shard)
+                self.counters.retried += outcomes.count("retried")
+                buried += [
+                    (id, reason)
+                    for (id, reason, _), outcome in zip(failures, outcomes, strict=True)
+                    if outcome == "dead"
+                ]
+        finally:
+            # Delivered is delivered: acknowledged even when giving the others back failed, or they would be
+            # delivered again once their lease ran out.
+            if delivered:
+                self.store.ack(deadline_ms, delivered, shard=claim.shard)
+        for id, reason in buried:
+            logger.warning("Promoter %s: dead-lettered %s: %s", self.id, id, reason)
+        dead = len(buried)
+        if dead:
+            self._dead_in.add(claim.shard)
         self._promoted(lateness, dead, by_task)
         if outage is not None:
             raise outage

@@ -54,6 +54,9 @@ class Claim:
     messages: list[ClaimedMessage]
     shard: int = 0
     """The shard the messages were claimed from: give it back to :meth:`DelayStore.ack` / ``nack``."""
+    dead_lettered: list[tuple[str, str]] = field(default_factory=list)
+    """``(id, reason)`` of the messages the claim itself dead-lettered: a lease that ran out ``max_attempts``
+    times, a missing envelope, a spoiled lease record, an id that is not UTF-8."""
 
 
 @dataclass(frozen=True)

@@ -518,14 +518,14 @@ class DelayStore:
         kind, value = _due_argument(request.delay, request.due, request.id)
         return request.id, kind, value, self._encode_envelope(request.id, request.envelope)
 
-    def _encode_envelope(self, id: str, envelope: Envelope) -> bytes:
+    def _encode_envelope(self, id: str, envelope: Envelope, *, keep_context: bool = False) -> bytes:
         if not isinstance(envelope.payload, bytes):
             raise InvalidMessage(f"payload must be bytes, got {type(envelope.payload).__name__}")
         if len(envelope.payload) > self.max_payload_bytes:
             raise PayloadTooLarge(
                 f"payload of {id!r} is {len(envelope.payload)} bytes, over the limit of {self.max_payload_bytes}"
             )
-        extra = tracing.with_context(envelope.extra)
+        extra = tracing.with_context(envelope.extra, keep=keep_context)
         if extra != envelope.extra:
             envelope = dataclasses.replace(envelope, extra=extra)
         return envelope.encode(int(time.time() * 1000), self.record_version)
@@ -582,7 +582,8 @@ class DelayStore:
         """
         check_id(id)
         kind, value = _due_argument(delay, due, id)
-        encoded = b"" if envelope is None else self._encode_envelope(id, envelope)
+        # The promote span continues the trace the message was parked in, not the one rescheduling it.
+        encoded = b"" if envelope is None else self._encode_envelope(id, envelope, keep_context=True)
         limit = self._max_delay_arg()
         far_due = None if self._far is None else self._reschedule_far(id, kind, value, encoded, envelope)
         if far_due is not None:
@@ -1218,7 +1219,8 @@ class DelayStore:
             "claim", shard, [_batch(batch), delay_to_ms(lease), self.max_attempts, promoter_id], write=False
         )
         messages = []
-        for n in range(3, len(reply), 3):
+        dead_end = len(reply) - 2 * int(reply[3])
+        for n in range(4, dead_end, 3):
             id, score, raw = reply[n].decode(), float(reply[n + 1]), reply[n + 2]
             try:
                 envelope: Envelope | None = Envelope.decode(raw)
@@ -1227,7 +1229,8 @@ class DelayStore:
                 envelope, problem = None, str(error)
             messages.append(ClaimedMessage(id, due_of_score(score), raw, envelope, problem))
         next_wake = int(reply[2])
-        return Claim(int(reply[0]), int(reply[1]), None if next_wake < 0 else next_wake, messages, shard)
+        dead = [(_stored_id(reply[n]), _text(reply[n + 1])) for n in range(dead_end, len(reply), 2)]
+        return Claim(int(reply[0]), int(reply[1]), None if next_wake < 0 else next_wake, messages, shard, dead)
 
     def ack(self, lease_deadline_ms: int, ids: Sequence[str], *, shard: int = 0) -> int:
         """Forget delivered messages whose lease (identified by its deadline) this promoter still holds."""
@@ -1249,7 +1252,8 @@ class DelayStore:
             for id, reason, action in chunk:
                 if action not in ("retry", "dead", "release"):
                     raise ValueError(f"unknown nack action {action!r}")
-                args.extend((id, reason, action))
+                # An error's text may hold what UTF-8 cannot (a file name decoded with surrogateescape).
+                args.extend((id, reason.encode("utf-8", "backslashreplace").decode(), action))
             reply = self._run("nack", shard, args)
             self._relay_wake(shard, reply[-1])
             outcomes.extend(("not held", "retried", "dead", "released")[int(code)] for code in reply[:-1])

@@ -54,9 +54,10 @@ def park_span(count: int, route: str | None) -> Iterator[None]:
         yield
 
 
-def with_context(extra: Mapping[str, Any]) -> dict[str, Any]:
-    """``extra`` with the current trace context added, if there is one (else unchanged)."""
-    if not _active():
+def with_context(extra: Mapping[str, Any], *, keep: bool = False) -> dict[str, Any]:
+    """``extra`` with the current trace context added, if there is one (else unchanged). ``keep``: a context
+    ``extra`` already carries stays (a message rewritten after it was parked keeps its producer's trace)."""
+    if not _active() or (keep and CARRIER_KEY in extra):
         return dict(extra)
     carrier: dict[str, str] = {}
     _otel()[1].inject(carrier)  # type: ignore[index]

@@ -318,6 +318,7 @@ def test_planted_record_is_dead_lettered_with_a_reason(world_on_path: World, pat
     if raw:
         assert info.raw == raw, "the corrupt record is kept for inspection"
     assert world.promoter.counters.errors == 0
+    assert world.promoter.counters.dead_lettered == 1, "counted (and logged) by the promoter, on either path"
     world.assert_still_promoting()
     stats = world.store.stats()
     assert (stats.parked, stats.inflight) == (0, 0)

@@ -453,6 +453,14 @@ def test_dead_requeue_all_refuses_without_confirmation_then_requeues(run, popula
     assert store.stats().dead == 0 and store.get("cl-dead").state == "due"
 
 
+def test_dead_requeue_all_names_the_dead_letters_it_could_not_requeue(run, populated, store, client):
+    client.hdel(store.keys.msg, "dq-dead")  # its payload gone: nothing to run again
+    result = run("dead", "requeue", "--all", "--yes", "--json")
+    assert result.exit_code == 1
+    assert json.loads(result.stdout) == {"requeued": 1, "not_requeued": ["dq-dead"]}
+    assert store.get("dq-dead").state == "dead"
+
+
 def test_dead_purge_refuses_without_confirmation_then_purges(run, populated, store):
     refused = run("dead", "purge")
     assert refused.exit_code == 1 and "--yes" in refused.output and store.stats().dead == 2

@@ -121,6 +121,16 @@ def test_the_backlog_is_exposed_with_no_promoter_and_an_empty_store(store: Delay
     assert value(samples, "delay_broker_oldest_overdue_age_seconds", **ns) == 0
     assert ("delay_broker_next_due_timestamp_seconds", frozenset(ns.items())) not in samples
     assert not any(name.startswith("delay_broker_promoted") for name, _ in samples)  # no promoter here
+    for event in ("parked", "promoted", "dead_lettered", "dead_dropped", "retried", "cancelled", "requeued"):
+        # At 0 from the first scrape: increase() needs a first sample before the first dead letter.
+        assert value(samples, "delay_broker_store_events_total", event=event, **ns) == 0, event
+
+
+def test_the_metrics_server_serves_on_ipv6(store: DelayStore, namespace):
+    with start_metrics_server(0, store, CollectorRegistry(), addr="::1") as server:
+        assert server.url == f"http://[::1]:{server.port}/metrics"
+        with urllib.request.urlopen(server.url, timeout=5) as reply:
+            assert f'delay_broker_store_up{{namespace="{namespace}"}} 1.0' in reply.read().decode()
 
 
 def test_errors_are_counted_by_stage(store: DelayStore, namespace):

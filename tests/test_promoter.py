@@ -199,6 +199,33 @@ class FailsOnce:
             raise RuntimeError("broker hiccup")
 
 
+class FailsWithAnUndecodableName:
+    """Fails one message with an error whose text holds a lone surrogate, as os.listdir() names do."""
+
+    def __init__(self) -> None:
+        self.delivered: Counter[str] = Counter()
+
+    def deliver(self, message: ClaimedMessage) -> None:
+        self.delivered[message.id] += 1
+        if message.id == "attach":
+            raise FileNotFoundError("cannot attach " + b"report-\xff.pdf".decode(errors="surrogateescape"))
+
+
+def test_an_error_text_that_is_not_utf8_neither_fails_nor_repeats_the_batch(redis_server, namespace):
+    store = DelayStore(redis_server.client(), namespace=namespace, retry_backoff=(0.05, 0.1), max_attempts=2)
+    deliverer = FailsWithAnUndecodableName()
+    store.park_many([ParkRequest(id, envelope(), delay=0) for id in ("a", "attach", "b")])
+    promoter = Promoter(store, deliverer, max_idle=0.2, lease=2).start()
+    try:
+        wait_for(lambda: store.stats().dead == 1, timeout=15, what="the failing message dead-lettered")
+    finally:
+        promoter.stop()
+    assert deliverer.delivered == {"a": 1, "attach": 2, "b": 1}
+    info = store.get("attach")
+    assert info is not None and "report-\\udcff.pdf" in (info.error or ""), info.error
+    assert promoter.counters.errors == 0 and promoter.counters.promoted == 2
+
+
 def test_a_retry_comes_after_its_backoff_not_after_the_promoters_sleep(redis_server, namespace):
     store = DelayStore(redis_server.client(), namespace=namespace, retry_backoff=(0.5, 60))
     deliverer = FailsOnce()

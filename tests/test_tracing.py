@@ -73,6 +73,22 @@ def test_a_message_parked_inside_a_span_is_promoted_in_the_same_trace(store: Del
     assert deliverer.seen["traced"].span_id == promote.context.span_id
 
 
+def test_a_message_rewritten_by_a_reschedule_keeps_the_trace_it_was_parked_in(store: DelayStore, spans):
+    # Celery's reschedule rewrites the stored message (its eta header); the dashboard doing it runs in a span
+    # of its own, which must not take the promotion over.
+    tracer = trace.get_tracer("producer-app")
+    with tracer.start_as_current_span("handle request") as request_span:
+        store.park("moved", Envelope(route="emails", payload=b"x"), delay=3600)
+    stored = store.get("moved").envelope  # type: ignore[union-attr]
+    assert stored is not None
+    with tracer.start_as_current_span("dashboard: run now"):
+        store.reschedule("moved", delay=0, envelope=stored)
+    deliverer = Recording()
+    promote_until(store, deliverer, lambda: "moved" in deliverer.seen)
+    promote = next(span for span in spans.get_finished_spans() if span.name == "delay_broker promote")
+    assert promote.context.trace_id == request_span.get_span_context().trace_id
+
+
 def test_without_an_active_span_nothing_is_added_or_traced(store: DelayStore, spans):
     store.park("plain", Envelope(route="emails", payload=b"x"), delay=0)
     stored = store.get("plain").envelope  # type: ignore[union-attr]

@@ -112,7 +112,8 @@ def dead_requeue(
                 f"Requeue all {count:,} dead-lettered messages in namespace {namespace!r}? They run again.",
                 yes,
             )
-            requeued = session.store.requeue_dead(None).count
+            result = session.store.requeue_dead(None)
+            requeued, missing = result.count, result.not_requeued
     else:
         result = session.store.requeue_dead(list(dict.fromkeys(ids)))
         requeued, missing = result.count, result.not_requeued

@@ -10,7 +10,8 @@
 --   STATS     HASH counters
 --   PROMOTERS ZSET promoter id -> last heartbeat
 -- ARGV[1] batch (<= 1000)   ARGV[2] lease_ms   ARGV[3] max_attempts   ARGV[4] promoter id
--- Returns {now_ms, lease_deadline_ms, next_wake_ms (-1: nothing parked), id1, score1, envelope1, ...}.
+-- Returns {now_ms, lease_deadline_ms, next_wake_ms (-1: nothing parked), dead_count, id1, score1, envelope1,
+-- ..., then dead_count pairs: id, reason} (the messages this call dead-lettered).
 -- Messages whose envelope is missing, or whose id is not UTF-8, are dead-lettered here and not returned; so is
 -- a message whose lease record is spoiled (see lease_record).
 
@@ -23,6 +24,12 @@ if problem then
     return problem
 end
 local now = now_ms()
+local dead = {}  -- id, reason, ...: told to the promoter, which counts and logs dead letters
+local function bury(id, reason)
+    dead_letter(DEAD, ERRORS, STATS, id, reason, now)
+    dead[#dead + 1] = id
+    dead[#dead + 1] = reason
+end
 
 -- A lease that ran out means its promoter died or stalled: the message goes back, counted as an attempt so
 -- a message that kills every promoter ends up dead instead of looping forever.
@@ -33,13 +40,12 @@ for _, id in ipairs(expired) do
     redis.call('ZREM', INFLIGHT, id)
     redis.call('HDEL', LEASED, id)
     if spoiled then
-        dead_letter(DEAD, ERRORS, STATS, id, spoiled, now)
+        bury(id, spoiled)
     else
         attempts = attempts + 1
         redis.call('HSET', ATTEMPTS, id, attempts)
         if attempts >= max_attempts then
-            dead_letter(DEAD, ERRORS, STATS, id,
-                'lease expired ' .. attempts .. ' times: the promoter holding it died or stalled', now)
+            bury(id, 'lease expired ' .. attempts .. ' times: the promoter holding it died or stalled')
         else
             redis.call('ZADD', DUE, score, id)
             redis.call('HSET', ERRORS, id, 'lease expired: promoter died or stalled')
@@ -48,7 +54,7 @@ for _, id in ipairs(expired) do
 end
 
 local deadline = now + lease
-local result = {now, deadline, -1}
+local result = {now, deadline, -1, 0}
 local ready = count_due(DUE, now, batch)
 if ready > 0 then
     local ids, due = pop_due(DUE, ready)
@@ -59,7 +65,7 @@ if ready > 0 then
         local score = due[n * 2]
         if not is_utf8(id) then
             -- Promoters are handed ids as text: one they cannot read would stall its whole batch.
-            dead_letter(DEAD, ERRORS, STATS, id, 'malformed id: not UTF-8', now)
+            bury(id, 'malformed id: not UTF-8')
         elseif envelopes[n] then
             leases[#leases + 1] = deadline
             leases[#leases + 1] = id
@@ -69,7 +75,7 @@ if ready > 0 then
             result[#result + 1] = score
             result[#result + 1] = envelopes[n]
         else
-            dead_letter(DEAD, ERRORS, STATS, id, 'missing payload: no envelope stored for this id', now)
+            bury(id, 'missing payload: no envelope stored for this id')
         end
     end
     if #leases > 0 then
@@ -89,5 +95,9 @@ end
 local refused = heartbeat(PROMOTERS, now, ARGV[4])
 if refused then
     return refused
+end
+result[4] = #dead / 2
+for _, value in ipairs(dead) do
+    result[#result + 1] = value
 end
 return result
