@@ -14,6 +14,7 @@ from collections.abc import Iterator
 import pytest
 
 from delay_broker.celery import cancel, reschedule
+from delay_broker.errors import PayloadTooLarge
 
 from .celery_apps.brokers import env_for
 from .celery_apps.harness import CeleryEnv, wait_for
@@ -61,6 +62,15 @@ def test_thirty_day_countdown_parked_then_rescheduled_to_now_runs_once(env: Cele
     assert len(env.runs(result.id)) == 1
     # amqp and SQS promotion acknowledges after the publish, so possibly after the task ran.
     wait_for(lambda: env.store.get(result.id) is None, 10, what="the promotion acknowledged")
+
+
+def test_a_task_sqs_would_refuse_is_refused_when_sent_not_dead_lettered_when_due(env: CeleryEnv) -> None:
+    if env.kind != "sqs":
+        pytest.skip("SQS only: its 1 MiB limit applies to the message kombu will send, base64 and all")
+    task_id = f"too-large-{uuid.uuid4().hex[:8]}"
+    with pytest.raises(PayloadTooLarge, match="over its limit of 1,048,576"):
+        env.task("record").apply_async(("x" * 900_000,), countdown=8, task_id=task_id)
+    assert env.store.get(task_id) is None
 
 
 def test_countdown_below_threshold_uses_the_native_path(env: CeleryEnv) -> None:

@@ -36,7 +36,7 @@ from tests.helpers import wait_for as shared_wait_for
 from .dramatiq_apps.app import LONG_RETRY_MS, App, build
 
 ROOT = Path(__file__).resolve().parent.parent
-SCENARIOS = ("parked", "month", "native", "retry", "longretry", "cancel", "load", "sqs6h")
+SCENARIOS = ("parked", "month", "native", "retry", "longretry", "cancel", "load", "sqs6h", "toolarge")
 THRESHOLD_MS = 1000
 LOAD = 2000
 
@@ -314,6 +314,17 @@ def test_six_hours_on_sqs_needs_the_middleware(deployment: Deployment) -> None:
     runs = wait_for(lambda: deployment.runs("with"), 30, "the 6-hour message ran when rescheduled")
     assert runs[0]["id"] == message.message_id
     assert deployment.runs("without") == []
+
+
+def test_a_message_sqs_would_refuse_is_refused_when_sent_not_dead_lettered_when_due(deployment: Deployment) -> None:
+    if deployment.kind != "sqs":
+        pytest.skip("SQS only: dramatiq-sqs refuses messages over max_message_size once base64-encoded")
+    from dramatiq_sqs import MessageTooLarge
+
+    parked_before = deployment.app.middleware.store.stats().parked
+    with pytest.raises(MessageTooLarge):  # 900 kB of arguments: 1.2 MB once base64-encoded
+        deployment.actor("toolarge").send_with_options(args=("x" * 900_000,), delay=timedelta(hours=6))
+    assert deployment.app.middleware.store.stats().parked == parked_before
 
 
 def test_standalone_promoter_command(deployment: Deployment) -> None:

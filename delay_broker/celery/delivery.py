@@ -21,6 +21,7 @@ from typing import Any
 
 from kombu.transport import redis as kombu_redis
 
+from .. import sqs_errors
 from ..errors import DeliveryRefused, TargetUnavailable
 from ..store import ClaimedMessage
 from ..targets import ListTarget
@@ -169,6 +170,13 @@ class VirtualRepublisher:
         except self.publisher.connection_errors() as error:
             self.publisher.reset()
             raise TargetUnavailable(f"broker unavailable: {error!r}") from error
+        except Exception as error:
+            if sqs_errors.is_refusal(error):
+                raise DeliveryRefused(f"refused by the broker: {error}") from error
+            if sqs_errors.is_outage(error):  # SQS down or throttling answers over HTTP, not as a lost connection
+                self.publisher.reset()
+                raise TargetUnavailable(f"broker unavailable: {error}") from error
+            raise
 
     def close(self) -> None:
         self.publisher.close()

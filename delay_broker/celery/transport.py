@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import re
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 from celery.signals import worker_init
@@ -57,8 +58,11 @@ class DelayBrokerTransport:
 # -- virtual transports ---------------------------------------------------------------------------------------
 
 
-def _park_virtual(channel: Any, queue: str, message: dict[str, Any], route: str) -> bool:
-    """Park a message ``Channel._put`` was given, if it is a task due later than the threshold."""
+def _park_virtual(
+    channel: Any, queue: str, message: dict[str, Any], route: str, check: Callable[[dict[str, Any]], None] | None = None
+) -> bool:
+    """Park a message ``Channel._put`` was given, if it is a task due later than the threshold. ``check`` sees
+    the message before it is parked and raises to refuse it as the transport would when it is due."""
     parker: Parker | None = channel.connection.delay_broker
     if parker is None or message.get("redelivered"):
         # A restored/redelivered message (SQS reject, recover) was already delivered once: never park it.
@@ -67,6 +71,8 @@ def _park_virtual(channel: Any, queue: str, message: dict[str, Any], route: str)
     due = parker.due_if_parked(info)
     if info is None or due is None:
         return False
+    if check is not None:
+        check(message)
     parker.park(info, due, route, encode_virtual(message), {"queue": queue})
     return True
 

@@ -97,3 +97,20 @@ def check_consumer_timeout(broker: dramatiq.Broker, threshold_ms: int, consumer_
         "RabbitMQ's default" if consumer_timeout_ms is None else "as stated",
     )
     return True
+
+
+def refuse_what_sqs_would(broker: dramatiq.Broker, encoded: bytes) -> None:
+    """Raise dramatiq-sqs's ``MessageTooLarge`` for a message the SQS broker would refuse when it is due: a
+    park must fail where a plain send fails, not turn into a dead letter days later."""
+    if native_cap_ms(broker) is None:
+        return
+    from base64 import b64encode
+
+    from dramatiq_sqs.exceptions import MessageTooLarge
+
+    limit = int(broker.max_message_size)  # type: ignore[attr-defined]
+    size = len(b64encode(encoded))
+    if size > limit:
+        raise MessageTooLarge(
+            f"Messages in SQS can be at most {limit} bytes large once base64-encoded; this one would be {size}."
+        )

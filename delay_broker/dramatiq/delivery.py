@@ -17,6 +17,7 @@ import redis
 from dramatiq.common import q_name
 from dramatiq.errors import DecodeError, QueueNotFound
 
+from .. import sqs_errors
 from ..errors import DeliveryRefused, TargetUnavailable
 from ..store import ClaimedMessage
 from ..targets import ListTarget
@@ -107,19 +108,17 @@ def classify(error: BaseException) -> type[DeliveryRefused] | type[TargetUnavail
     """DeliveryRefused for errors that will never pass, TargetUnavailable for an unreachable broker.
 
     RabbitmqBroker reports an outage as ``ConnectionClosed`` after its own reconnect attempts, RedisBroker as
-    redis-py's ``ConnectionError``, dramatiq-sqs as botocore's connection errors.
+    redis-py's ``ConnectionError``, dramatiq-sqs as botocore's errors (see :mod:`delay_broker.sqs_errors`).
     """
     if isinstance(error, QueueNotFound | DeliveryRefused):
         return DeliveryRefused
     if isinstance(error, BrokerConnectionError | redis.ConnectionError | redis.TimeoutError | ConnectionError):
         return TargetUnavailable
     module = type(error).__module__
-    if module.startswith("dramatiq_sqs") and type(error).__name__ == "MessageTooLarge":
+    if (module.startswith("dramatiq_sqs") and type(error).__name__ == "MessageTooLarge") or sqs_errors.is_refusal(
+        error
+    ):
         return DeliveryRefused
-    if module.startswith("botocore"):
-        from botocore.exceptions import ConnectionError as BotoConnectionError
-        from botocore.exceptions import HTTPClientError
-
-        if isinstance(error, BotoConnectionError | HTTPClientError):
-            return TargetUnavailable
+    if sqs_errors.is_outage(error):
+        return TargetUnavailable
     return None

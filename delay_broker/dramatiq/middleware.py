@@ -33,6 +33,7 @@ from .delays import (
     delay_ms,
     effective_threshold_ms,
     native_cap_ms,
+    refuse_what_sqs_would,
     threshold_ms,
 )
 from .delivery import FRAMEWORK, BrokerDeliverer, Enqueue, RedisQueues, canonical_queues
@@ -238,9 +239,11 @@ class DelayMiddleware(dramatiq.Middleware):
             # Always, even when promotion is not direct: any promoter may then take the exactly-once path.
             options["redis_message_id"] = str(uuid.uuid4())
         parked = dataclasses.replace(message, queue_name=queue_name, options=options)
+        payload = parked.encode()
+        refuse_what_sqs_would(broker, payload)
         envelope = Envelope(
             route=queue_name,
-            payload=parked.encode(),
+            payload=payload,
             framework=FRAMEWORK,
             name=parked.actor_name,
             hash_field=options.get("redis_message_id"),

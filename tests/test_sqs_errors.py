@@ -1,0 +1,46 @@
+"""What an SQS reply means to a promoter: a pure unit on botocore's own ClientError, built as SQS replies
+during an outage, under throttling, and to a message it will never take."""
+
+from __future__ import annotations
+
+import pytest
+from botocore.exceptions import ClientError, EndpointConnectionError
+
+from delay_broker import sqs_errors
+from delay_broker.dramatiq.delivery import classify
+from delay_broker.errors import DeliveryRefused, TargetUnavailable
+
+
+def reply(status: int, code: str, message: str) -> ClientError:
+    response = {"Error": {"Code": code, "Message": message}, "ResponseMetadata": {"HTTPStatusCode": status}}
+    return ClientError(response, "SendMessage")  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("error", "meaning"),
+    [
+        (reply(503, "ServiceUnavailable", "Service is unavailable"), TargetUnavailable),
+        (reply(500, "InternalError", "We encountered an internal error"), TargetUnavailable),
+        (reply(400, "ThrottlingException", "Rate exceeded"), TargetUnavailable),
+        (reply(400, "RequestThrottled", "Request is throttled"), TargetUnavailable),
+        (EndpointConnectionError(endpoint_url="http://127.0.0.1:1"), TargetUnavailable),
+        (
+            reply(
+                400,
+                "InvalidParameterValue",
+                "One or more parameters are invalid. Reason: Message must be shorter than 1048576 bytes.",
+            ),
+            DeliveryRefused,
+        ),
+        (reply(400, "InvalidMessageContents", "Invalid characters found"), DeliveryRefused),
+        # Neither: counted as a failed attempt, retried with backoff, dead-lettered after max_attempts.
+        (reply(400, "AWS.SimpleQueueService.NonExistentQueue", "The specified queue does not exist"), None),
+        (reply(403, "AccessDenied", "Access to the resource is denied"), None),
+        (RuntimeError("anything else"), None),
+    ],
+    ids=lambda value: getattr(value, "__name__", None) or str(value)[:40],
+)
+def test_sqs_replies_are_told_apart(error: BaseException, meaning: type[Exception] | None) -> None:
+    assert classify(error) is meaning
+    assert sqs_errors.is_outage(error) == (meaning is TargetUnavailable)
+    assert sqs_errors.is_refusal(error) == (meaning is DeliveryRefused)
