@@ -18,6 +18,7 @@ cancelled or moved by someone else meanwhile).
 from __future__ import annotations
 
 import base64
+import contextlib
 import heapq
 import json
 import math
@@ -30,7 +31,7 @@ from .clock import Delay, delay_to_ms, ms_to_datetime, score_ceiling, score_floo
 from .decoding import searchable_text
 from .envelope import Envelope
 from .errors import ConfigurationError, CorruptEnvelope
-from .records import IndexScan, Position
+from .records import FarSnapshot, IndexScan, Position
 from .store import MAX_BATCH, DelayStore, ListState, MessageInfo
 
 SCAN_PER_CALL = 5000
@@ -137,18 +138,19 @@ class Operations:
         found: list[list[tuple[Position, MessageInfo]]] = []
         examined = 0
         ended: list[bool] = []
-        for source in range(sources):
-            position = positions[source]
-            if isinstance(position, _Done):
-                found.append([])
-                ended.append(True)
-                continue
-            scan = self._scan(filter, source, position, limit, max_scan=max_scan)
-            found.append(scan.matches)
-            examined += scan.examined
-            ended.append(scan.exhausted and len(scan.matches) <= limit)
-            if not scan.matches:
-                positions[source] = _DONE if scan.exhausted else scan.last
+        with self._snapshot(filter) as snapshot:
+            for source in range(sources):
+                position = positions[source]
+                if isinstance(position, _Done):
+                    found.append([])
+                    ended.append(True)
+                    continue
+                scan = self._scan(filter, source, position, limit, max_scan=max_scan, snapshot=snapshot)
+                found.append(scan.matches)
+                examined += scan.examined
+                ended.append(scan.exhausted and len(scan.matches) <= limit)
+                if not scan.matches:
+                    positions[source] = _DONE if scan.exhausted else scan.last
         merged = heapq.merge(
             *[
                 [(self._sort_key(info), source, n, position, info) for n, (position, info) in enumerate(matches)]
@@ -156,11 +158,14 @@ class Operations:
             ]
         )
         page: list[MessageInfo] = []
+        shown: set[str] = set()
         consumed: dict[int, tuple[int, Position]] = {}
         for _, source, n, position, info in merged:
             if len(page) == limit:
                 break
-            page.append(info)
+            if info.id not in shown:  # a message whose move into Redis landed within this read: shown once
+                page.append(info)
+                shown.add(info.id)
             consumed[source] = (n, position)
         for source, matches in enumerate(found):
             if source in consumed:
@@ -175,29 +180,40 @@ class Operations:
         """How many messages match (a full scan in bounded calls, up to ``max_scan`` entries per shard)."""
         matched = examined = 0
         complete = True
-        for source in range(self._sources(filter)):
-            source_examined = 0
-            for scan in self._scans(filter, source):
-                matched += len(scan.matches)
-                source_examined += scan.examined
-                if not scan.exhausted and source_examined >= max_scan:
-                    complete = False
-                    break
-            examined += source_examined
+        with self._snapshot(filter) as snapshot:
+            for source in range(self._sources(filter)):
+                source_examined = 0
+                for scan in self._scans(filter, source, snapshot):
+                    matched += len(scan.matches)
+                    source_examined += scan.examined
+                    if not scan.exhausted and source_examined >= max_scan:
+                        complete = False
+                        break
+                examined += source_examined
         return Count(matched, examined, complete)
 
     def matches(self, filter: MessageFilter) -> Iterator[MessageInfo]:
-        """Every matching message, shard by shard (a full scan in bounded calls)."""
-        for source in range(self._sources(filter)):
-            for scan in self._scans(filter, source):
-                for _, info in scan.matches:
-                    yield info
+        """Every matching message, shard by shard (a full scan in bounded calls). With a far tier the table is
+        read as of the start, in a transaction held until the iteration ends: consume it, then act."""
+        with self._snapshot(filter) as snapshot:
+            for source in range(self._sources(filter)):
+                for scan in self._scans(filter, source, snapshot):
+                    for _, info in scan.matches:
+                        yield info
 
-    def _scans(self, filter: MessageFilter, source: int) -> Iterator[IndexScan]:
+    def _snapshot(self, filter: MessageFilter) -> contextlib.AbstractContextManager[FarSnapshot | None]:
+        """For parked messages with a far tier, a read of the table as of before Redis is read: a message that
+        moves into Redis meanwhile is neither missed (it was in the table) nor, mostly, seen twice (its row is
+        left out once its token is recorded in Redis)."""
+        if filter.state != "due" or self.store.far_tier is None:
+            return contextlib.nullcontext()
+        return self.store.far_snapshot()
+
+    def _scans(self, filter: MessageFilter, source: int, snapshot: FarSnapshot | None) -> Iterator[IndexScan]:
         """One source's scans, each going on from where the last stopped, to the end of the window."""
         position: Position | None = None
         while True:
-            scan = self._scan(filter, source, position, MAX_BATCH, max_scan=SCAN_PER_CALL)
+            scan = self._scan(filter, source, position, MAX_BATCH, max_scan=SCAN_PER_CALL, snapshot=snapshot)
             yield scan
             if scan.exhausted or scan.last is None:
                 return
@@ -209,7 +225,14 @@ class Operations:
         return len(self.store.shards) + far
 
     def _scan(
-        self, filter: MessageFilter, source: int, after: Position | None, limit: int, *, max_scan: int = MAX_SCAN
+        self,
+        filter: MessageFilter,
+        source: int,
+        after: Position | None,
+        limit: int,
+        *,
+        max_scan: int = MAX_SCAN,
+        snapshot: FarSnapshot | None = None,
     ) -> IndexScan:
         """Matches of one shard (or the far tier, after the shards) after the position ``after``: at least
         ``limit`` of them unless the window or ``max_scan`` ends first (a text filter may bring a few more)."""
@@ -228,6 +251,7 @@ class Operations:
                     queue=filter.queue,
                     task=filter.task,
                     id_prefix=filter.id_prefix,
+                    snapshot=snapshot,
                 )
             else:
                 reply = self.store.scan_index(

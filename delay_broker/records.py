@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Literal
+from typing import Any, Literal
 
 from .clock import Delay
 from .envelope import Envelope
@@ -174,3 +174,14 @@ class IndexScan:
     """Each match with its position in the index."""
     last: Position | None
     """The position of the last entry examined (where the next scan goes on), None if none was."""
+
+
+@dataclass(frozen=True)
+class FarSnapshot:
+    """A read of the far tier as of one moment (:meth:`DelayStore.far_snapshot`), leaving out the rows whose
+    messages were moved into Redis by then."""
+
+    view: Any
+    """The connection of a repeatable-read transaction."""
+    leaving: tuple[int, ...]
+    """Tokens of rows moved into Redis whose delete may not be committed yet."""

@@ -40,6 +40,7 @@ from .errors import (
     NotReplicated,
     PayloadTooLarge,
     StoreError,
+    StoreUnavailable,
 )
 from .far import FarRow, FarTier, check_storable
 from .keys import DEFAULT_NAMESPACE, DEFAULT_PREFIX, MAX_SHARDS, Keyspace, shard_of
@@ -47,6 +48,7 @@ from .records import (
     Claim,
     ClaimedMessage,
     DirectPromotion,
+    FarSnapshot,
     IndexScan,
     MessageInfo,
     NackAction,
@@ -806,20 +808,30 @@ class DelayStore:
             (encoded[n][0], dues[n], requests[n].envelope.route, requests[n].envelope.name or "", encoded[n][3])
             for n in chunk
         ]
-        with self._far.parking(ids) as rows:
+        # A park that raises has written nothing, in either tier: its caller may hand the message elsewhere (a
+        # Dramatiq retry goes to the broker), and a row left behind would run it a second time.
+        unsure: StoreUnavailable | None = None
+        with self._far.parking(ids) as rows, rows.atomic():
             previous = rows.insert(rows_to_write, replace=on_conflict == "replace")  # type: ignore[arg-type]
             if on_conflict == "keep":
                 # Looked up after the insert, which waited for any sweeper moving a row of these ids: a copy it
-                # moved into Redis is seen here, and the row just written for its id is taken back.
+                # moved into Redis is seen here, and the row just written for its id is taken back. A read:
+                # if it fails, nothing changed in Redis, and the rows are rolled back.
                 in_redis = self._held_in_redis([id for id in ids if id not in previous])
                 if in_redis:
                     rows.delete(list(in_redis))
                 cancelled: set[str] = set()
             else:  # a copy of the same id in Redis, even one a promoter holds, is replaced by the row
                 in_redis = {}
-                cancelled = {
-                    id for id, gone in zip(ids, self._cancel_in_redis(ids, replacing=True), strict=True) if gone
-                }
+                self._held_in_redis(ids)  # Redis answers, before anything is written there
+                try:
+                    gone = self._cancel_in_redis(ids, replacing=True)
+                except StoreUnavailable as error:
+                    # Sent, but no answer: a copy in Redis may be gone already, so the rows stay (never none).
+                    unsure, gone = error, []
+                cancelled = {id for id, was in zip(ids, gone, strict=False) if was}
+        if unsure is not None:
+            raise unsure
         for n in chunk:
             id = encoded[n][0]
             if id in in_redis:
@@ -927,6 +939,16 @@ class DelayStore:
         tokens and the pages (a listing, which keeps one copy)."""
         assert self._far is not None
         return self._far.snapshot()
+
+    @contextlib.contextmanager
+    def far_snapshot(self) -> Iterator[FarSnapshot | None]:
+        """A read of both tiers that sees each message once (None without a tier): open it before reading
+        Redis, and give it to every :meth:`scan_far` of the read. See :meth:`_far_view`."""
+        if self._far is None:
+            yield None
+            return
+        with self._far_view() as view:
+            yield FarSnapshot(view, tuple(self._moved_tokens()))
 
     def _moved_tokens(self) -> list[int]:
         """The tokens of far rows moved into Redis whose delete may not be committed yet (see :mod:`.far`)."""
@@ -1110,15 +1132,28 @@ class DelayStore:
         queue: str | None = None,
         task: str | None = None,
         id_prefix: str | None = None,
+        snapshot: FarSnapshot | None = None,
     ) -> IndexScan:
         """:meth:`scan_index` of the far tier: rows by due time within ``start_ms``..``end_ms`` of ``queue`` (the
         envelope's route), ``task`` and ``id_prefix``, filtered by PostgreSQL, so every row examined matches.
-        Positions are a row's due time and token. Exhausted at once without a tier."""
+        Positions are a row's due time and token. Exhausted at once without a tier. With a ``snapshot``
+        (:meth:`far_snapshot`, opened before Redis was read) a message moving into Redis meanwhile is seen once."""
         if self._far is None:
             return IndexScan(0, True, [], after)
         count = min(scan, MAX_BATCH)
         after_row = None if after is None else (int(after[0]), int(after[1]))
-        rows = self._far.page(start_ms, end_ms, 0, count, after=after_row, route=queue, name=task, id_prefix=id_prefix)
+        rows = self._far.page(
+            start_ms,
+            end_ms,
+            0,
+            count,
+            after=after_row,
+            route=queue,
+            name=task,
+            id_prefix=id_prefix,
+            leaving=() if snapshot is None else snapshot.leaving,
+            on=None if snapshot is None else snapshot.view,
+        )
         matches = [((str(row.due_ms), str(row.token)), self._far_info(row)) for row in rows]
         return IndexScan(len(rows), len(rows) < count, matches, matches[-1][0] if matches else after)
 

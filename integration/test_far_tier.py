@@ -22,7 +22,14 @@ from delay_broker.celery import cancel as celery_cancel
 from delay_broker.cli import cli
 from delay_broker.deliverers import DirectLists
 from delay_broker.embedded import EmbeddedRedis
-from delay_broker.errors import DelayBrokerError, FarTierUnavailable, InvalidDelay, InvalidMessage, StoreError
+from delay_broker.errors import (
+    DelayBrokerError,
+    FarTierUnavailable,
+    InvalidDelay,
+    InvalidMessage,
+    StoreError,
+    StoreUnavailable,
+)
 from delay_broker.far import FarRow, FarTier
 from delay_broker.operations import MessageFilter, Operations
 from tests.helpers import wait_for as shared_wait_for
@@ -521,8 +528,61 @@ def test_a_park_that_fails_in_redis_gives_its_locks_back(tiered: Any) -> None:
     )
     thread.start()
     thread.join(10)
-    assert parked and parked[0].outcome == "replaced", "the failed park's locks were never given back"
+    assert parked and parked[0].outcome == "new", "the failed park's locks were given back, and it left no row"
     assert store.stats().far == 0 and redis_holds(client, store) == (1, 1)
+
+
+@pytest.mark.parametrize("on_conflict", ["replace", "keep"])
+def test_a_far_park_that_raises_because_redis_is_down_leaves_no_row(postgres: PostgresServer, on_conflict: str):
+    # The caller is told the park failed, and may hand the message elsewhere (a Dramatiq retry goes to the
+    # broker): a row left behind would run it a second time.
+    server = EmbeddedRedis().start()
+    tier = FarTier(postgres.url, horizon=HORIZON, sweep_interval=0.1)
+    store = DelayStore(server.client(), namespace=f"far-down-{uuid.uuid4().hex[:8]}", far_tier=tier)
+    try:
+        store.park("warm-up", Envelope("ready", b"x"), delay=3600)  # layout and clock read while Redis is up
+        server.stop()
+        with pytest.raises(StoreUnavailable):
+            store.park("job", Envelope("ready", b"x"), delay=3600, on_conflict=on_conflict)  # type: ignore[arg-type]
+        assert store._far is not None and store._far.get("job") is None
+        assert store._far.get("warm-up") is not None
+    finally:
+        server.close()
+        store._far.delete(["warm-up"])  # type: ignore[union-attr]
+
+
+def test_finds_counts_and_bulk_actions_see_a_message_moving_in_once(tiered: Any) -> None:
+    store, client, _ = tiered
+    sweeper = DelayStore(client, namespace=store.keys.namespace, far_tier=store.far_tier)  # another promoter
+    store.park_many(ParkRequest(f"a{n}", Envelope("q", b"x"), delay=3600 + n) for n in range(3))
+    assert store._far is not None
+    for n in range(3):  # as if an hour had gone by: within the horizon, for the next sweep
+        store._far.reschedule(f"a{n}", store.now_ms() + 1500, None, "", "")
+    real_scan_far = store.scan_far
+
+    def sweep_first(**arguments: Any) -> Any:  # the other promoter's sweep commits between the two reads
+        store.scan_far = real_scan_far  # type: ignore[method-assign]
+        assert sweeper.sweep_far() == 3
+        return real_scan_far(**arguments)
+
+    store.scan_far = sweep_first  # type: ignore[method-assign]
+    result = Operations(store).cancel(filter=MessageFilter(queue="q"))
+    assert (result.matched, result.done) == (3, 3), "the moved messages were missed by the filtered cancel"
+    assert store.list_messages() == []
+
+    store.park("b", Envelope("q", b"x"), delay=HORIZON + 0.5)
+    now = store.now_ms()
+
+    def adopt_then_die(rows: list[FarRow]) -> None:
+        store._adopt(rows, now + 5000)
+        raise KeyboardInterrupt  # its transaction never commits: the row stays, its copy is in Redis
+
+    with pytest.raises(KeyboardInterrupt):
+        store._far.move(now + 10_000, 100, 5000, adopt_then_die)
+    operations = Operations(store)
+    assert [info.id for info in operations.find(MessageFilter()).messages] == ["b"]
+    assert operations.count(MessageFilter()).matched == 1
+    assert [info.id for info in operations.matches(MessageFilter())] == ["b"]
 
 
 def test_a_real_celery_worker_runs_a_far_task_once_after_due(

@@ -112,8 +112,8 @@ class FarTable:
         """Hold this namespace's locks on ``ids`` for a park that spans the tiers: parks of the same id, by any
         process, run one after the other, and each sees what the one before wrote in either tier. The locks are
         the session's (advisory), not a transaction's: what the block writes through the :class:`Parking`
-        commits as it goes, so a failure in Redis after a row was written can leave two copies (the sweep then
-        keeps the one in Redis) but never none. A process that dies releases its locks with its connection."""
+        commits as it goes, unless written within :meth:`Parking.atomic` or :meth:`Parking.deleted`. A
+        process that dies releases its locks with its connection."""
         parking = Parking(self, ids)
         try:
             yield parking
@@ -287,10 +287,12 @@ class Parking:
         self._table = table
         self._lock_args = (table.namespace + "\x1f", storable(ids))
         self._connection: psycopg.Connection[Any] | None = None
+        self._begin = False  # the next statement opens a transaction (see atomic)
 
     def _fetch(self, doing: str, sql: str | bytes, args: Sequence[Any], *, begin: bool = False) -> list[Any]:
         """The rows of ``sql``; the first statement goes with the locks (and ``BEGIN``) in one round trip, and
         once more on a new connection if the old one had broken (a restarted server): nothing was done yet."""
+        begin, self._begin = begin or self._begin, False
         if self._connection is not None:
             connection = self._connection
             with self._table._failures(doing):
@@ -332,6 +334,21 @@ class Parking:
     def delete(self, ids: Sequence[str]) -> set[str]:
         """Delete these ids' rows; the ids that had one."""
         return {row[0] for row in self._fetch("replacing far messages", self._table.delete_sql, self._delete_args(ids))}
+
+    @contextmanager
+    def atomic(self) -> Iterator[None]:
+        """The block's statements in one transaction, committed with the locks given back when the block ends
+        without error, rolled back if it raises: a park whose Redis half failed leaves no row behind either."""
+        self._begin = True
+        try:
+            yield
+        except BaseException:
+            self._begin = False
+            if self._connection is not None:
+                with suppress(psycopg.Error):
+                    self._connection.execute("ROLLBACK")
+            raise
+        self.release(commit=True)
 
     @contextmanager
     def deleted(self, ids: Sequence[str]) -> Iterator[set[str]]:
