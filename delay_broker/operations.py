@@ -125,12 +125,19 @@ class Operations:
     # -- finding -------------------------------------------------------------------------------------------------
 
     def find(
-        self, filter: MessageFilter, *, cursor: str | None = None, limit: int = 50, max_scan: int = MAX_SCAN
+        self,
+        filter: MessageFilter,
+        *,
+        cursor: str | None = None,
+        limit: int = 50,
+        max_scan: int = MAX_SCAN,
+        headers_only: bool = False,
     ) -> Page:
         """One page of matching messages, oldest first (by the state's index), merged over shards. Each shard
         examines at most ``max_scan`` entries; a page that stops there has fewer messages and a cursor to go on.
         The cursor holds each shard's position (the last entry it gave or examined), not an offset: messages
-        promoted, cancelled or parked meanwhile neither hide others from the next page nor bring them back."""
+        promoted, cancelled or parked meanwhile neither hide others from the next page nor bring them back.
+        ``headers_only``: messages in Redis come without their payload, as for :meth:`DelayStore.list_messages`."""
         if not 0 < limit <= MAX_BATCH:
             raise ValueError(f"limit must be 1..{MAX_BATCH}")
         sources = self._sources(filter)
@@ -145,7 +152,9 @@ class Operations:
                     found.append([])
                     ended.append(True)
                     continue
-                scan = self._scan(filter, source, position, limit, max_scan=max_scan, snapshot=snapshot)
+                scan = self._scan(
+                    filter, source, position, limit, max_scan=max_scan, snapshot=snapshot, headers_only=headers_only
+                )
                 found.append(scan.matches)
                 examined += scan.examined
                 ended.append(scan.exhausted and len(scan.matches) <= limit)
@@ -213,7 +222,10 @@ class Operations:
         """One source's scans, each going on from where the last stopped, to the end of the window."""
         position: Position | None = None
         while True:
-            scan = self._scan(filter, source, position, MAX_BATCH, max_scan=SCAN_PER_CALL, snapshot=snapshot)
+            # Counts and bulk actions need ids and headers only.
+            scan = self._scan(
+                filter, source, position, MAX_BATCH, max_scan=SCAN_PER_CALL, snapshot=snapshot, headers_only=True
+            )
             yield scan
             if scan.exhausted or scan.last is None:
                 return
@@ -233,6 +245,7 @@ class Operations:
         *,
         max_scan: int = MAX_SCAN,
         snapshot: FarSnapshot | None = None,
+        headers_only: bool = False,
     ) -> IndexScan:
         """Matches of one shard (or the far tier, after the shards) after the position ``after``: at least
         ``limit`` of them unless the window or ``max_scan`` ends first (a text filter may bring a few more)."""
@@ -265,6 +278,7 @@ class Operations:
                     queue=filter.queue,
                     task=filter.task,
                     id_prefix=filter.id_prefix,
+                    headers_only=headers_only and not filter.text,  # the text is searched in the payload
                 )
             examined += reply.examined
             after = reply.last

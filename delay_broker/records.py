@@ -95,6 +95,9 @@ class MessageInfo:
     raw: bytes | None
     attempts: int
     error: str | None
+    payload_omitted: bool = False
+    """True when read by a listing asked for headers only: ``raw`` holds the envelope's header and no payload
+    (a corrupt envelope comes whole). Read the message with :meth:`DelayStore.get` for all of it."""
 
     @property
     def envelope(self) -> Envelope | None:

@@ -999,9 +999,12 @@ class DelayStore:
         end_ms: int | None = None,
         offset: int = 0,
         count: int = 100,
+        headers_only: bool = False,
     ) -> list[MessageInfo]:
         """A page of messages in one state, oldest first: parked by due time, in flight by lease deadline,
         dead by when they were dead-lettered. ``start_ms``/``end_ms`` bound that time (inclusive).
+        ``headers_only``: the envelopes without their payload (``payload_omitted``), all a listing shows; a
+        page of large messages then costs Redis little in its reply.
 
         On a sharded namespace the page is merged from every shard: the scores and ids of each one's first
         ``offset + count`` entries, then the page's own messages.
@@ -1018,7 +1021,7 @@ class DelayStore:
             high = "+inf" if end_ms is None else end_ms
         far = self._far is not None and state == "due"
         if len(self.shards) == 1 and not far:
-            return [info for _, info in self._list_page(0, state, low, high, offset, count)]
+            return [info for _, info in self._list_page(0, state, low, high, offset, count, headers_only)]
         wanted = offset + count
         with self._far_view() if far else contextlib.nullcontext() as view:
             leaving = self._moved_tokens() if far else []
@@ -1038,7 +1041,7 @@ class DelayStore:
         merged = heapq.merge(*pages, key=lambda entry: entry[0])
         unique = {id: (score, id, source) for score, id, source in merged}  # a later (Redis) copy wins
         chosen = sorted(unique.values(), key=lambda entry: entry[0])[offset:wanted]
-        return self._read_whole(chosen, state, low, high)
+        return self._read_whole(chosen, state, low, high, headers_only)
 
     def _index_entries(self, shard: int, state: ListState, low: Any, high: Any, wanted: int) -> list[tuple[float, str]]:
         """The first ``wanted`` entries of a shard's index within the window, as (score, id)."""
@@ -1057,7 +1060,12 @@ class DelayStore:
         return found
 
     def _read_whole(
-        self, chosen: list[tuple[float, str, tuple[int, int] | MessageInfo]], state: ListState, low: Any, high: Any
+        self,
+        chosen: list[tuple[float, str, tuple[int, int] | MessageInfo]],
+        state: ListState,
+        low: Any,
+        high: Any,
+        headers_only: bool,
     ) -> list[MessageInfo]:
         """The chosen messages read whole. A shard's share of a page is a run of its index: one list.lua call
         reads it, and its messages are found in it by id; one that moved meanwhile is read by id, and one that
@@ -1069,7 +1077,7 @@ class DelayStore:
         read: dict[str, MessageInfo] = {}
         for shard, positions in runs.items():
             first = min(positions)
-            for _, info in self._list_page(shard, state, low, high, first, max(positions) - first + 1):
+            for _, info in self._list_page(shard, state, low, high, first, max(positions) - first + 1, headers_only):
                 read[info.id] = info
         page: list[MessageInfo] = []
         for _, id, source in chosen:
@@ -1079,10 +1087,10 @@ class DelayStore:
         return page
 
     def _list_page(
-        self, shard: int, state: ListState, low: Any, high: Any, offset: int, count: int
+        self, shard: int, state: ListState, low: Any, high: Any, offset: int, count: int, headers_only: bool = False
     ) -> list[tuple[float, MessageInfo]]:
-        reply = self._run("list", shard, [low, high, offset, count, state], write=False)
-        return [_listed(state, *reply[n : n + 5]) for n in range(0, len(reply), 5)]
+        reply = self._run("list", shard, [low, high, offset, count, state, "1" if headers_only else ""], write=False)
+        return [_listed(state, *reply[n : n + 5], omitted=headers_only) for n in range(0, len(reply), 5)]
 
     def scan_index(
         self,
@@ -1097,10 +1105,11 @@ class DelayStore:
         queue: str | None = None,
         task: str | None = None,
         id_prefix: str | None = None,
+        headers_only: bool = False,
     ) -> IndexScan:
         """A bounded scan of one shard's index of ``state`` between two scores, after the position ``after``
         (None: from the start), for messages of ``queue``, ``task`` and ``id_prefix`` (``find.lua``). See
-        :mod:`delay_broker.operations`."""
+        :mod:`delay_broker.operations`; ``headers_only`` as for :meth:`list_messages`."""
         if state not in ("due", "inflight", "dead"):
             raise ValueError(f"state must be 'due', 'inflight' or 'dead', got {state!r}")
         args = [
@@ -1113,10 +1122,11 @@ class DelayStore:
             queue or "",
             task or "",
             id_prefix or "",
+            "1" if headers_only else "",
         ]
         reply = self._run("find", shard, args, write=False)
         matches = [
-            ((_text(reply[n + 1]), _text(reply[n])), _listed(state, *reply[n : n + 5])[1])
+            ((_text(reply[n + 1]), _text(reply[n])), _listed(state, *reply[n : n + 5], omitted=headers_only)[1])
             for n in range(4, len(reply), 5)
         ]
         last = (_text(reply[2]), _text(reply[3])) if reply[2] else None
@@ -1583,8 +1593,10 @@ __all__ = [
 ]
 
 
-def _listed(state: ListState, id: bytes, score: Any, raw: Any, attempts: Any, error: Any) -> tuple[float, MessageInfo]:
-    """A message as list.lua and find.lua return it, with its score."""
+def _listed(
+    state: ListState, id: bytes, score: Any, raw: Any, attempts: Any, error: Any, *, omitted: bool = False
+) -> tuple[float, MessageInfo]:
+    """A message as list.lua and find.lua return it, with its score (``omitted``: asked without payloads)."""
     value = float(score)
     info = MessageInfo(
         id=_stored_id(id),
@@ -1594,5 +1606,6 @@ def _listed(state: ListState, id: bytes, score: Any, raw: Any, attempts: Any, er
         raw=raw or None,
         attempts=int(attempts),
         error=_text(error) if error else None,
+        payload_omitted=omitted,
     )
     return value, info

@@ -25,6 +25,7 @@ from delay_broker import (
     StoreUnavailable,
 )
 from delay_broker.deliverers import DirectLists
+from delay_broker.operations import MessageFilter, Operations
 
 from .helpers import envelope, wait_for
 
@@ -495,3 +496,34 @@ def test_promotion_lateness_is_counted_store_wide_on_both_paths(client, namespac
     assert list(buckets) == ["10", "100", "1000", "10000", "60000", "more"]
     assert sum(buckets.values()) == 7
     assert buckets["10000"] == 6, "five seconds late"
+
+
+@pytest.mark.parametrize("shards", [1, 3])
+def test_listings_can_leave_payloads_in_redis(client: redis.Redis, namespace: str, shards: int):
+    # What `ls`, `dead ls` and the dashboard show is the header: a page of 1 MB messages must not cost Redis
+    # (and a maxmemory set near the data) another megabyte per message in its reply.
+    store = DelayStore(client, namespace=namespace, shards=shards, max_payload_bytes=2_000_000)
+    big = b"p" * 1_000_000
+    store.park_many(
+        [
+            ParkRequest(f"m{n}", Envelope(route="emails", payload=big, name="send", framework="raw"), delay=60)
+            for n in range(5)
+        ]
+    )
+    store.park("corrupt", envelope(), delay=61)
+    client.hset(store.shards[store.shard_for("corrupt")].msg, "corrupt", b"no header line")
+    for infos in (
+        store.list_messages(headers_only=True),
+        Operations(store).find(MessageFilter(queue="emails"), headers_only=True).messages,
+    ):
+        infos = [info for info in infos if info.id != "corrupt"]
+        assert sorted(info.id for info in infos) == [f"m{n}" for n in range(5)]
+        for info in infos:
+            assert info.payload_omitted and info.raw is not None and len(info.raw) < 100
+            assert info.envelope is not None and info.envelope.payload == b""
+            assert (info.envelope.route, info.envelope.name, info.envelope.framework) == ("emails", "send", "raw")
+    [corrupt] = [info for info in store.list_messages(headers_only=True) if info.id == "corrupt"]
+    assert corrupt.raw == b"no header line" and corrupt.envelope is None, "a corrupt envelope is shown whole"
+    whole = store.list_messages(count=1)[0]
+    assert not whole.payload_omitted and whole.envelope is not None and whole.envelope.payload == big
+    assert Operations(store).count(MessageFilter(queue="emails")).matched == 5

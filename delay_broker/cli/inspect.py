@@ -135,13 +135,15 @@ def list_page(
         if offset:
             raise click.UsageError("with --queue/--task/--id-prefix/--text, page with --cursor, not --offset")
         try:
-            page = Operations(session.store).find(filter, cursor=cursor, limit=limit)
+            page = Operations(session.store).find(filter, cursor=cursor, limit=limit, headers_only=True)
         except ValueError as error:
             raise click.BadParameter(str(error), param_hint="--cursor") from None
         infos, next_cursor = page.messages, page.cursor
         more = next_cursor is not None
     else:
-        infos = session.store.list_messages(state, start_ms=start_ms, end_ms=end_ms, offset=offset, count=limit)
+        infos = session.store.list_messages(
+            state, start_ms=start_ms, end_ms=end_ms, offset=offset, count=limit, headers_only=True
+        )
         more = len(infos) == limit
     if session.as_json:
         record: dict[str, Any] = {

@@ -251,6 +251,19 @@ local function open_envelope(envelope)
     return header, sub(envelope, newline + 1), nil
 end
 
+-- The envelope without its payload: listings show only the header, and a page of large messages would cost
+-- Redis their whole size again in its reply. A corrupt envelope is given whole, to be shown as it is.
+local function without_payload(envelope)
+    if not envelope then
+        return envelope
+    end
+    local header, payload = open_envelope(envelope)
+    if not header then
+        return envelope
+    end
+    return sub(envelope, 1, #envelope - #payload)
+end
+
 -- Checks, before anything is written, that each key holds the type this store expects (or does not exist).
 -- Takes pairs: key, expected type ('zset', 'hash', 'list' or 'string'). Returns an error reply naming the
 -- first key of the wrong type, or nil. A script that fails half-way keeps the writes it made before the

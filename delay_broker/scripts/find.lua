@@ -15,6 +15,7 @@
 -- ARGV[7] limit: most matches returned (<= 1000)
 -- ARGV[8] queue (the envelope's route) or '' for any   ARGV[9] name (actor or task) or '' for any
 -- ARGV[10] id prefix or '' for any
+-- ARGV[11] '1': envelopes without their payload (see without_payload), else whole
 -- Returns {examined, exhausted (1 when the window has nothing after the last entry examined), the score and id
 -- of the last entry examined (the position to go on from; ARGV[4] and ARGV[5] when none was), then five
 -- entries per match: id, score, envelope or false, attempts, last error or false}.
@@ -99,7 +100,8 @@ while examined < scan and matched < limit do
             matched = matched + 1
             result[#result + 1] = id
             result[#result + 1] = page[n * 2]
-            result[#result + 1] = needs_header and envelopes[n] or redis.call('HGET', MSG, id)
+            local envelope = needs_header and envelopes[n] or redis.call('HGET', MSG, id)
+            result[#result + 1] = ARGV[11] == '1' and without_payload(envelope) or envelope
             result[#result + 1] = tonumber(redis.call('HGET', ATTEMPTS, id) or 0) or 0
             result[#result + 1] = redis.call('HGET', ERRORS, id)
             if matched >= limit then

@@ -7,6 +7,7 @@
 --   ATTEMPTS  HASH id -> failed attempts
 --   ERRORS    HASH id -> last error
 -- ARGV[1] min score  ARGV[2] max score  ARGV[3] offset  ARGV[4] count (<= 1000)  ARGV[5] 'due', 'inflight' or 'dead'
+-- ARGV[6] '1': envelopes without their payload (see without_payload), else whole
 -- Returns a flat list, five entries per message: id, score, envelope or false, attempts, last error or false.
 
 local INDEX = ({due = DUE, inflight = INFLIGHT, dead = DEAD})[ARGV[5]]
@@ -33,7 +34,7 @@ local errors = redis.call('HMGET', ERRORS, unpack(ids))
 for n, id in ipairs(ids) do
     result[#result + 1] = id
     result[#result + 1] = page[n * 2]
-    result[#result + 1] = envelopes[n]
+    result[#result + 1] = ARGV[6] == '1' and without_payload(envelopes[n]) or envelopes[n]
     result[#result + 1] = tonumber(attempts[n] or 0) or 0
     result[#result + 1] = errors[n]
 end

@@ -135,6 +135,7 @@ class _Dashboard:
                 cursor=request.query_params.get("cursor") or None,
                 limit=PAGE_SIZE,
                 max_scan=PAGE_SCAN,
+                headers_only=True,
             )
         except ValueError as error:
             return self.render(request, "error.html", status=400, message=str(error))
