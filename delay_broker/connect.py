@@ -57,6 +57,10 @@ def client_from_url(url: str, **options: Any) -> AnyRedis:
         return _sentinel_client(url, settings)
     if scheme in CLUSTER_SCHEMES:
         return _cluster_client(url, settings)
+    if scheme == "unix":
+        # A Unix socket has no TCP keepalive: redis-py's socket connection refuses the option.
+        settings.pop("socket_keepalive", None)
+        settings.pop("socket_keepalive_options", None)
     return redis.Redis.from_url(url, **settings)
 
 
@@ -150,7 +154,9 @@ def check_url(url: str) -> str:
         parse_sentinel_url(url)
     elif scheme in CLUSTER_SCHEMES:
         parse_hosts(url, 6379)
-        if urlsplit(url).path.strip("/") not in ("", "0"):
+        parts = urlsplit(url)
+        databases = {parts.path.strip("/"), *(value for key, value in parse_qsl(parts.query) if key == "db")}
+        if databases - {"", "0"}:
             raise ConfigurationError(f"a Redis Cluster has database 0 only, got {_redacted(url)!r}")
     elif scheme in ("redis", "rediss", "unix"):
         try:

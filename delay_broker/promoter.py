@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from . import tracing
 from .errors import ConfigurationError, DelayBrokerError, DeliveryRefused, StoreError, TargetUnavailable
+from .renewal import LeaseRenewal
 from .store import MAX_BATCH, Claim, ClaimedMessage, DelayStore, NackAction, new_promoter_id
 from .targets import ListTarget
 
@@ -62,6 +63,17 @@ class DirectDeliverer(Protocol):
     """
 
     def direct_routes(self) -> Mapping[str, ListTarget]: ...
+
+
+@dataclass
+class _Deliveries:
+    """What became of one claim's messages."""
+
+    delivered: list[str] = field(default_factory=list)
+    lateness: list[int] = field(default_factory=list)
+    by_task: Counter[tuple[str, str]] = field(default_factory=Counter)
+    failures: list[tuple[str, str, NackAction]] = field(default_factory=list)
+    outage: TargetUnavailable | None = None
 
 
 class PromoterListener(Protocol):
@@ -372,67 +384,75 @@ class Promoter:
 
     def _deliver(self, claim: Claim) -> None:
         assert isinstance(self.deliverer, Deliverer)
-        messages, deadline_ms, now_ms = claim.messages, claim.lease_deadline_ms, claim.now_ms
-        started = time.monotonic()
-        # Stop delivering while a safe margin of the lease is left: past it another promoter may take the
-        # message again, which would be a duplicate.
-        give_up_at = started + self.lease * 0.8
-        delivered: list[str] = []
-        lateness: list[int] = []
-        by_task: Counter[tuple[str, str]] = Counter()
-        failures: list[tuple[str, str, NackAction]] = []
-        outage: TargetUnavailable | None = None
-        for message in messages:
-            if outage is not None or self._stopping.is_set() or time.monotonic() > give_up_at:
-                failures.append((message.id, "released: promoter stopping or out of lease", "release"))
-                continue
-            if message.envelope is None:
-                failures.append((message.id, message.problem or "corrupt envelope", "dead"))
-                continue
-            try:
-                with tracing.promote_span(message.id, message.envelope.route, message.envelope.extra):
-                    self.deliverer.deliver(message)
-            except DeliveryRefused as error:
-                failures.append((message.id, f"delivery refused: {error}", "dead"))
-            except TargetUnavailable as error:
-                outage = error
-                failures.append((message.id, f"target unavailable: {error}", "release"))
-            except Exception as error:
-                # Type and text, not repr(): redis-py's exceptions leave their message out of repr().
-                reason = f"delivery failed: {type(error).__name__}: {error}"
-                logger.warning("Promoter %s: delivering %s failed: %s", self.id, message.id, reason)
-                failures.append((message.id, reason, "retry"))
-            else:
-                delivered.append(message.id)
-                by_task[message.envelope.route, message.envelope.name or ""] += 1
-                elapsed_ms = int((time.monotonic() - started) * 1000)
-                lateness.append(now_ms + elapsed_ms - message.due_ms)
+        # The lease is renewed while the deliveries go on: a slow publish is not a dead promoter.
+        renewal = LeaseRenewal(
+            self.store, [message.id for message in claim.messages], claim.lease_deadline_ms, self.lease, claim.shard
+        )
+        if claim.messages:
+            renewal.start()
+        try:
+            outcome = self._deliver_each(claim, renewal)
+        finally:
+            deadline_ms = renewal.stop() if claim.messages else claim.lease_deadline_ms
         buried = list(claim.dead_lettered)  # by the claim itself: lease ran out too often, no envelope ...
         try:
             # Give back first: if Redis fails between the two calls, released messages must not wait out a
             # lease (its expiry counts as an attempt); delivered ones waiting out theirs are merely delivered
             # again.
-            if failures:
-                outcomes: list[str] = self.store.nack(deadline_ms, failures, shard=claim.shard)
+            if outcome.failures:
+                outcomes: list[str] = self.store.nack(deadline_ms, outcome.failures, shard=claim.shard)
                 self.counters.retried += outcomes.count("retried")
                 buried += [
                     (id, reason)
-                    for (id, reason, _), outcome in zip(failures, outcomes, strict=True)
-                    if outcome == "dead"
+                    for (id, reason, _), result in zip(outcome.failures, outcomes, strict=True)
+                    if result == "dead"
                 ]
         finally:
             # Delivered is delivered: acknowledged even when giving the others back failed, or they would be
             # delivered again once their lease ran out.
-            if delivered:
-                self.store.ack(deadline_ms, delivered, shard=claim.shard)
+            if outcome.delivered:
+                self.store.ack(deadline_ms, outcome.delivered, shard=claim.shard)
         for id, reason in buried:
             logger.warning("Promoter %s: dead-lettered %s: %s", self.id, id, reason)
-        dead = len(buried)
-        if dead:
+        if buried:
             self._dead_in.add(claim.shard)
-        self._promoted(lateness, dead, by_task)
-        if outage is not None:
-            raise outage
+        self._promoted(outcome.lateness, len(buried), outcome.by_task)
+        if outcome.outage is not None:
+            raise outcome.outage
+
+    def _deliver_each(self, claim: Claim, renewal: LeaseRenewal) -> _Deliveries:
+        """Deliver the claim's messages one by one; what became of each."""
+        assert isinstance(self.deliverer, Deliverer)
+        started = time.monotonic()
+        done = _Deliveries()
+        for message in claim.messages:
+            # Stop delivering while a safe margin of the lease is left (renewals move it on): past it another
+            # promoter may take the message again, which would be a duplicate.
+            if done.outage is not None or self._stopping.is_set() or time.monotonic() > renewal.safe_until():
+                done.failures.append((message.id, "released: promoter stopping or out of lease", "release"))
+                continue
+            if message.envelope is None:
+                done.failures.append((message.id, message.problem or "corrupt envelope", "dead"))
+                continue
+            try:
+                with tracing.promote_span(message.id, message.envelope.route, message.envelope.extra):
+                    self.deliverer.deliver(message)
+            except DeliveryRefused as error:
+                done.failures.append((message.id, f"delivery refused: {error}", "dead"))
+            except TargetUnavailable as error:
+                done.outage = error
+                done.failures.append((message.id, f"target unavailable: {error}", "release"))
+            except Exception as error:
+                # Type and text, not repr(): redis-py's exceptions leave their message out of repr().
+                reason = f"delivery failed: {type(error).__name__}: {error}"
+                logger.warning("Promoter %s: delivering %s failed: %s", self.id, message.id, reason)
+                done.failures.append((message.id, reason, "retry"))
+            else:
+                done.delivered.append(message.id)
+                done.by_task[message.envelope.route, message.envelope.name or ""] += 1
+                elapsed_ms = int((time.monotonic() - started) * 1000)
+                done.lateness.append(claim.now_ms + elapsed_ms - message.due_ms)
+        return done
 
     def _promoted(self, lateness: Sequence[int], dead: int, by_task: Mapping[tuple[str, str], int]) -> None:
         if lateness:

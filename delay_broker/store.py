@@ -337,7 +337,18 @@ class DelayStore:
         with self._redis(name):
             if write and self.replicas:
                 return self._run_replicated(name, space, keys, args)
+            if self.cluster:
+                return self._run_on_cluster(name, keys, args)
             return self._scripts[name](keys=keys, args=args)
+
+    def _run_on_cluster(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        """A script on a Cluster, loaded on the shard's own node when that node lacks it: redis-py's fallback
+        loads it on every primary, which fails while any one is down and so held up the healthy shards."""
+        script = self._scripts[name]
+        try:
+            return self.client.evalsha(script.sha, len(keys), *keys, *args)
+        except redis.exceptions.NoScriptError:
+            return self.client.eval(scripts.source(name), len(keys), *keys, *args)
 
     def _shard_client(self, space: Keyspace) -> redis.Redis:
         """A client of the one server holding a shard: ``WAIT`` must follow the write on its connection."""
@@ -407,10 +418,15 @@ class DelayStore:
         if shard == 0 or not int(woke):
             return
         home, token = self.shards[0].wake, self.shards[shard].wake
-        with self._redis("waking a promoter"):
-            pipe = self.client.pipeline(transaction=False)
-            _push_wake(pipe, home, token)
-            pipe.execute()
+        try:
+            with self._redis("waking a promoter"):
+                pipe = self.client.pipeline(transaction=False)
+                _push_wake(pipe, home, token)
+                pipe.execute()
+        except StoreError as error:
+            # The park (or nack) is done; shard 0 may be on a master that is down. A lost wake costs at most a
+            # promoter's max_idle, which each shard is looked at within anyway: never the caller's call.
+            logger.debug("Waking a promoter through shard 0 failed: %s", error)
 
     def _by_shard(self, ids: Iterable[str]) -> dict[int, list[str]]:
         groups: dict[int, list[str]] = {}
@@ -1280,6 +1296,15 @@ class DelayStore:
     def ack(self, lease_deadline_ms: int, ids: Sequence[str], *, shard: int = 0) -> int:
         """Forget delivered messages whose lease (identified by its deadline) this promoter still holds."""
         return sum(int(self._run("ack", shard, [lease_deadline_ms, *chunk])) for chunk in _chunks(list(ids)))
+
+    def renew(self, lease_deadline_ms: int, ids: Sequence[str], lease: float, *, shard: int = 0) -> tuple[int, int]:
+        """Extend by ``lease`` seconds the lease of ``ids``, still held with ``lease_deadline_ms``, while their
+        delivery goes on. Returns the new deadline (the token for :meth:`ack`/:meth:`nack` from now on) and how
+        many ids it holds; ids another promoter reclaimed are not among them."""
+        if not ids:
+            return lease_deadline_ms, 0
+        reply = self._run("renew", shard, [lease_deadline_ms, delay_to_ms(lease), *ids])
+        return int(reply[0]), int(reply[1])
 
     def nack(
         self, lease_deadline_ms: int, failures: Sequence[tuple[str, str, NackAction]], *, shard: int = 0

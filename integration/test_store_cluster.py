@@ -257,3 +257,35 @@ def test_promoters_go_on_after_a_clean_failover_of_a_master(namespace: str) -> N
         finally:
             promoter.stop()
             store.client.close()
+
+
+def test_with_shard_0_s_master_down_the_other_shards_park_and_reschedule(namespace: str) -> None:
+    # cluster-require-full-coverage no: the set-up in which a master that is down holds up its own shards only.
+    from .ha_servers import RedisClusterServers
+
+    with RedisClusterServers(extra_args=["--cluster-require-full-coverage", "no"]) as cluster:
+        options = {"socket_timeout": 2.0, "socket_connect_timeout": 1.0}
+        store = DelayStore.from_url(cluster.url, namespace=namespace, shards=SHARDS, **options)
+        home = cluster.node_of_key(store.shards[0].due)
+        other = next(s for s in range(1, SHARDS) if cluster.node_of_key(store.shards[s].due) != home)
+        ids = [f"job-{n}" for n in range(5000) if store.shard_for(f"job-{n}") == other][:2]
+        store.park(ids[0], envelope(), delay=3600)  # the layout is read and recorded while all is up
+        cluster.nodes[home].stop(crash=True)
+        healthy = cluster.node_client(cluster.node_of_key(store.shards[other].due))
+        healthy.script_flush()  # as after a restart of that node: its scripts must be loaded again
+        wait_for(lambda: _parks(store, ids[1]), 30, "a park into a healthy shard")
+        info = store.get(ids[1])
+        assert info is not None and info.state == "due"
+        # Parked earlier than the shard's head: the wake relayed through shard 0's list is lost, not the park.
+        assert store.reschedule(ids[0], delay=1) is not None
+        store.client.close()
+
+
+def _parks(store: DelayStore, id: str) -> bool:
+    """Parks ``id`` due now (earlier than its shard's head, so a wake is relayed); False while the cluster has
+    not yet noticed the master that went down."""
+    try:
+        store.park(id, envelope(), delay=0.5)
+    except WrongNode:
+        return False
+    return True

@@ -287,3 +287,22 @@ def test_bad_celery_schedules_are_refused_when_declared(app: Celery) -> None:
     schedule(app, "0 * * * *", "t.add", args=(1, 1))
     with pytest.raises(ConfigurationError, match="give this one a name"):
         schedule(app, "30 * * * *", "t.add", args=(2, 2))
+
+
+def test_a_broker_that_cannot_be_reached_is_an_outage_not_a_failed_attempt(client: redis.Redis, namespace: str) -> None:
+    # kombu reports it as its own OperationalError once its connection retries are spent: a promoter counting
+    # that as a failed attempt dead-lettered every task due during a minute-long RabbitMQ restart.
+    from delay_broker.celery.delivery import AllowedRoutes, AmqpRepublisher
+    from delay_broker.celery.messages import encode_amqp
+    from delay_broker.celery.stores import RouteBook
+    from delay_broker.embedded import free_port
+    from delay_broker.errors import TargetUnavailable
+    from delay_broker.records import ClaimedMessage
+
+    url = f"amqp://guest:guest@127.0.0.1:{free_port()}//"  # nothing listens there
+    allowed = AllowedRoutes({"celery"}, RouteBook(DelayStore(client, namespace=namespace)))
+    deliverer = AmqpRepublisher(lambda: Connection(url, transport="pyamqp", connect_timeout=1), allowed)
+    payload = encode_amqp(b"[]", {"application_headers": {"id": "t-1", "task": "t"}}, "", "celery")
+    envelope = Envelope(route="celery", payload=payload, framework="celery", name="t")
+    with pytest.raises(TargetUnavailable):
+        deliverer.deliver(ClaimedMessage("t-1", 0, envelope.encode(1), envelope))

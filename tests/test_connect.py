@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 import redis
 
-from delay_broker import ConfigurationError, DelayStore
+from delay_broker import ConfigurationError, DelayStore, Envelope
 from delay_broker.connect import client_from_url, describe
+from delay_broker.embedded import EmbeddedRedis
 
 
 def test_a_sentinel_url_names_the_master_its_database_and_credentials() -> None:
@@ -61,6 +62,7 @@ def test_tls_sentinel_urls_use_tls_for_the_data_nodes() -> None:
         ("redis+sentinel://h:26379", "names the master as its path"),
         ("redis+sentinel://h:26379/a/1/2", "names the master as its path"),
         ("redis+cluster://h:7000/2", "database 0 only"),
+        ("redis+cluster://h:7000?db=3", "database 0 only"),
         ("redis+sentinel://h:port/m", "bad port"),
         ("memcached://h:11211", "unsupported Redis URL"),
         ("redis+sentinel://u:secret@h:x/m", "bad port"),
@@ -81,3 +83,12 @@ def test_store_options_configure_the_store_and_the_rest_the_client() -> None:
         DelayStore.from_url("redis://localhost:1/0", shards=0)
     with pytest.raises(ConfigurationError, match="replicas"):
         DelayStore.from_url("redis://localhost:1/0", replicas=-1)
+
+
+def test_a_unix_socket_url_reaches_the_store(tmp_path) -> None:
+    socket_path = tmp_path / "redis.sock"
+    with EmbeddedRedis(["--unixsocket", str(socket_path), "--unixsocketperm", "700"]) as server:
+        store = DelayStore.from_url(f"unix://{socket_path}?db=0", namespace="over-a-socket")
+        store.park("job", Envelope(route="ready", payload=b"x"), delay=60)
+        assert store.get("job") is not None and store.stats().parked == 1
+        assert server.client().exists(store.keys.due)

@@ -226,6 +226,40 @@ def test_an_error_text_that_is_not_utf8_neither_fails_nor_repeats_the_batch(redi
     assert promoter.counters.errors == 0 and promoter.counters.promoted == 2
 
 
+class SlowFirstPublish:
+    """A broker that blocks its publishers for a while (a RabbitMQ memory alarm): the first delivery takes
+    longer than the lease; every delivery is noted."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.delivered: list[str] = []
+        self._lock = threading.Lock()
+
+    def deliver(self, message: ClaimedMessage) -> None:
+        with self._lock:
+            first = not self.delivered
+            self.delivered.append(message.id)
+        if first:
+            time.sleep(self.seconds)
+
+
+def test_a_publish_slower_than_the_lease_keeps_it_and_runs_once(redis_server, namespace):
+    store = DelayStore(redis_server.client(), namespace=namespace, max_attempts=2)
+    deliverer = SlowFirstPublish(seconds=3.5)
+    ids = park_now(store, 5)
+    promoters = [Promoter(store, deliverer, max_idle=0.1, lease=1.0).start()]
+    try:
+        time.sleep(0.3)  # the first promoter holds the batch, stuck in its first publish
+        promoters.append(Promoter(store, deliverer, max_idle=0.1, lease=1.0).start())
+        wait_for(lambda: store.stats().parked + store.stats().inflight == 0, timeout=20, what="all delivered")
+    finally:
+        for promoter in promoters:
+            promoter.stop()
+    assert Counter(deliverer.delivered) == Counter(ids), "each once: the stuck holder renewed its lease"
+    stats = store.stats()
+    assert stats.dead == 0 and stats.counters.get("retried", 0) == 0
+
+
 def test_a_retry_comes_after_its_backoff_not_after_the_promoters_sleep(redis_server, namespace):
     store = DelayStore(redis_server.client(), namespace=namespace, retry_backoff=(0.5, 60))
     deliverer = FailsOnce()

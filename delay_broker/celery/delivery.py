@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from kombu.exceptions import OperationalError as KombuOperationalError
 from kombu.transport import redis as kombu_redis
 
 from .. import sqs_errors
@@ -126,10 +127,13 @@ class _KombuPublisher:
                 logger.debug("delay_broker: error while dropping a broker connection", exc_info=True)
 
     def connection_errors(self) -> tuple[type[BaseException], ...]:
+        # kombu reports a broker it could not connect to (default_channel, after its own retries) as its own
+        # OperationalError, which is in no transport's list.
+        always = (ConnectionError, OSError, KombuOperationalError)
         if self._connection is None:
-            return (ConnectionError, OSError)
+            return always
         errors: tuple[type[BaseException], ...] = tuple(self._connection.connection_errors)
-        return (*errors, ConnectionError, OSError)
+        return (*errors, *always)
 
     def close(self) -> None:
         self.reset()

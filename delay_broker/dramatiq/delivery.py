@@ -112,6 +112,12 @@ def classify(error: BaseException) -> type[DeliveryRefused] | type[TargetUnavail
     """
     if isinstance(error, QueueNotFound | DeliveryRefused):
         return DeliveryRefused
+    if isinstance(error, BrokerConnectionError) and error.args and _channel_error(error.args[0]):
+        # RabbitmqBroker wraps what closed a channel (a nack, an unroutable message, a message over the size
+        # limit) as ConnectionClosed too: that is this message's failure, not an outage that holds up all.
+        wrapped = error.args[0]
+        reply_code = getattr(wrapped, "reply_code", None)
+        return DeliveryRefused if reply_code == 406 and "size" in str(wrapped) else None
     if isinstance(error, BrokerConnectionError | redis.ConnectionError | redis.TimeoutError | ConnectionError):
         return TargetUnavailable
     module = type(error).__module__
@@ -122,3 +128,12 @@ def classify(error: BaseException) -> type[DeliveryRefused] | type[TargetUnavail
     if sqs_errors.is_outage(error):
         return TargetUnavailable
     return None
+
+
+def _channel_error(error: object) -> bool:
+    """True for pika's channel-level errors (the connection itself is fine)."""
+    if not type(error).__module__.startswith("pika"):
+        return False
+    import pika.exceptions  # type: ignore[import-untyped]
+
+    return isinstance(error, pika.exceptions.AMQPChannelError)

@@ -18,6 +18,7 @@ NAMES = (
     "park",
     "claim",
     "ack",
+    "renew",
     "nack",
     "promote_list",
     "cancel",

@@ -1,5 +1,5 @@
-"""What an SQS reply means to a promoter: a pure unit on botocore's own ClientError, built as SQS replies
-during an outage, under throttling, and to a message it will never take."""
+"""What a broker's error means to a promoter: pure units on the libraries' own exceptions, built as SQS replies
+(outage, throttling, a message it will never take) and as dramatiq's RabbitmqBroker wraps pika's errors."""
 
 from __future__ import annotations
 
@@ -44,3 +44,37 @@ def test_sqs_replies_are_told_apart(error: BaseException, meaning: type[Exceptio
     assert classify(error) is meaning
     assert sqs_errors.is_outage(error) == (meaning is TargetUnavailable)
     assert sqs_errors.is_refusal(error) == (meaning is DeliveryRefused)
+
+
+def closed(wrapped: BaseException) -> BaseException:
+    """What dramatiq's RabbitmqBroker.enqueue raises once its own attempts are spent: the pika error wrapped."""
+    from dramatiq.brokers.rabbitmq import ConnectionClosed
+
+    return ConnectionClosed(wrapped)  # type: ignore[no-untyped-call]
+
+
+def rabbitmq_cases() -> list[tuple[BaseException, type[Exception] | None]]:
+    import pika.exceptions as pika  # type: ignore[import-untyped]
+
+    return [
+        (closed(pika.AMQPConnectionError("Connection refused")), TargetUnavailable),
+        (closed(pika.StreamLostError("Stream connection lost")), TargetUnavailable),
+        # The channel's failure is this message's: retried (an attempt counted) or refused, never an outage
+        # that releases, and so holds up, everything behind it.
+        (closed(pika.NackError([])), None),
+        (closed(pika.UnroutableError([])), None),
+        (
+            closed(
+                pika.ChannelClosedByBroker(
+                    406, "PRECONDITION_FAILED - message size 100169 is larger than configured max size 65536"
+                )
+            ),
+            DeliveryRefused,
+        ),
+        (closed(pika.ChannelClosedByBroker(404, "NOT_FOUND - no exchange 'x'")), None),
+    ]
+
+
+def test_rabbitmq_failures_are_told_apart() -> None:
+    for error, meaning in rabbitmq_cases():
+        assert classify(error) is meaning, (error.args, meaning)
