@@ -195,6 +195,7 @@ class DelayStore:
         self._wake_tokens: dict[bytes, int] = {}
         self._layout_recorded = False
         self._layout_unrecordable = False
+        self._layout_looked_at = float("-inf")
         self._scripts = {name: client.register_script(scripts.source(name)) for name in scripts.NAMES}
         if isinstance(far_tier, str):
             far_tier = FarTier(far_tier) if far_horizon is None else FarTier.with_horizon(far_tier, far_horizon)
@@ -249,7 +250,15 @@ class DelayStore:
 
     @property
     def shards(self) -> list[Keyspace]:
-        """The key sets of every shard, shard 0 first (read from the namespace on first use)."""
+        """The key sets of every shard, shard 0 first (read from the namespace on first use, and again at most
+        once a second while it has no count recorded: a dashboard or exporter started before the application
+        would otherwise see shard 0 only, for ever)."""
+        if self._shards is not None and not self._layout_recorded:
+            now = time.monotonic()
+            if now - self._layout_looked_at >= 1.0:
+                self._layout_looked_at = now
+                with contextlib.suppress(DelayBrokerError):  # Redis away: the next call will say so
+                    self.refresh_layout()
         return self._shards or self._read_layout("reading the shard layout")
 
     def _read_layout(self, doing: str) -> list[Keyspace]:

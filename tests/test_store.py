@@ -527,3 +527,16 @@ def test_listings_can_leave_payloads_in_redis(client: redis.Redis, namespace: st
     whole = store.list_messages(count=1)[0]
     assert not whole.payload_omitted and whole.envelope is not None and whole.envelope.payload == big
     assert Operations(store).count(MessageFilter(queue="emails")).matched == 5
+
+
+def test_a_reader_opened_before_the_application_sees_the_shards_it_records(client: redis.Redis, namespace: str):
+    # A dashboard or an exporter deployed while the namespace is still empty: it took one shard; it must not
+    # show a quarter of the backlog (and cancel a quarter of what it is asked to) for ever.
+    reader = DelayStore(client, namespace=namespace)
+    assert reader.stats().parked == 0 and len(reader.shards) == 1
+    producer = DelayStore(client, namespace=namespace, shards=4)
+    ids = [f"job-{n}" for n in range(40)]
+    producer.park_many([ParkRequest(id, envelope(), delay=3600) for id in ids])
+    wait_for(lambda: reader.stats().parked == 40, timeout=5, what="the reader to see every shard")
+    assert len(reader.shards) == 4 and all(reader.get(id) is not None for id in ids)
+    assert reader.cancel_many(ids) == 40 and producer.stats().parked == 0
