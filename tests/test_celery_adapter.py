@@ -79,6 +79,7 @@ def store_of(app: Celery, server: EmbeddedRedis) -> DelayStore:
         ({"promoter": "yes"}, "'promoter' must be True or False"),
         ({"metrics_port": "9100"}, "'metrics_port' must be an integer"),
         ({"metrics_port": 70000}, "'metrics_port' must be an integer"),
+        ({"max_payload_bytes": 0}, "'max_payload_bytes' must be an integer"),
         ("threshold=5", "must be a dict"),
     ],
 )
@@ -95,6 +96,7 @@ def test_default_thresholds_per_transport() -> None:
         60,
     )
     assert parse_options({"threshold": 5}).threshold_for("sqs") == 5
+    assert parse_options({"max_payload_bytes": 4_000_000}).store_options()["max_payload_bytes"] == 4_000_000
 
 
 def test_install_fails_at_once_on_bad_configuration(redis_server: EmbeddedRedis) -> None:
@@ -306,3 +308,30 @@ def test_a_broker_that_cannot_be_reached_is_an_outage_not_a_failed_attempt(clien
     envelope = Envelope(route="celery", payload=payload, framework="celery", name="t")
     with pytest.raises(TargetUnavailable):
         deliverer.deliver(ClaimedMessage("t-1", 0, envelope.encode(1), envelope))
+
+
+def test_a_task_sent_from_a_running_task_goes_to_the_broker_when_the_store_cannot_take_it(app: Celery) -> None:
+    # Inside a worker Celery turns a publish error into Reject(requeue=False): a retry (or a chain's next step)
+    # the store refused was lost. It is published with its eta instead, as Celery alone would; a producer
+    # outside any task is still told.
+    from celery._state import _task_stack
+
+    from delay_broker.celery.messages import TaskInfo
+    from delay_broker.celery.parking import Parker
+    from delay_broker.embedded import free_port
+    from delay_broker.errors import StoreUnavailable
+
+    @app.task(name="sender", bind=True)
+    def sender(self: Any) -> None: ...
+
+    down = DelayStore.from_url(f"redis://127.0.0.1:{free_port()}/0", namespace="n", socket_connect_timeout=0.5)
+    parker = Parker(down, threshold=1)
+    due = datetime.now(timezone.utc) + timedelta(hours=1)
+    info = TaskInfo("t-1", "retried", due, None, 1)
+    with pytest.raises(StoreUnavailable):
+        parker.park(info, due, "celery", b"{}", {"queue": "celery"})
+    _task_stack.push(sender)
+    try:
+        assert parker.park(info, due, "celery", b"{}", {"queue": "celery"}) is False, "the transport publishes it"
+    finally:
+        _task_stack.pop()

@@ -19,6 +19,7 @@ from typing import Any, Literal
 from ..connect import check_url
 from ..errors import ConfigurationError
 from ..keys import MAX_SHARDS, Keyspace
+from ..store import DEFAULT_MAX_PAYLOAD
 
 logger = logging.getLogger("delay_broker.celery")
 
@@ -73,6 +74,7 @@ class CeleryOptions:
     consumer_timeout: float | Literal[False] | None = None
     far_tier: str | None = None
     far_horizon: float | None = None
+    max_payload_bytes: int = DEFAULT_MAX_PAYLOAD
 
     def store_options(self) -> dict[str, Any]:
         """The :class:`~delay_broker.store.DelayStore` arguments these options give."""
@@ -87,6 +89,7 @@ class CeleryOptions:
             "dead_max_age": self.dead_max_age,
             "far_tier": self.far_tier,
             "far_horizon": self.far_horizon,
+            "max_payload_bytes": self.max_payload_bytes,
         }
 
     def threshold_for(self, kind: Kind) -> float:
@@ -168,6 +171,8 @@ def parse_options(raw: object) -> CeleryOptions:
             values[name] = None if value is None else _seconds(name, value, minimum=0.0, inclusive=False)
         elif name == "dead_max_count":
             values[name] = None if value is None else _int(name, value, 0, 2**53)
+        elif name == "max_payload_bytes":
+            values[name] = _int(name, value, 1, 512 * 1024 * 1024)  # Redis's largest string
         elif name == "consumer_timeout":
             # False: the server's consumer_timeout is turned off; None: RabbitMQ's default.
             off = value is None or value is False

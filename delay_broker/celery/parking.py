@@ -10,7 +10,10 @@ from contextvars import ContextVar
 from datetime import datetime
 from typing import Any
 
+from celery._state import get_current_task
+
 from ..envelope import Envelope
+from ..errors import DelayBrokerError
 from ..store import DelayStore
 from .config import CeleryOptions, Kind
 from .messages import TaskInfo
@@ -60,16 +63,36 @@ class Parker:
             return None
         return info.eta
 
-    def park(self, info: TaskInfo, due: datetime, route: str, payload: bytes, extra: dict[str, Any]) -> None:
+    def park(self, info: TaskInfo, due: datetime, route: str, payload: bytes, extra: dict[str, Any]) -> bool:
         """Park under the task id: one parked message per id, so a re-publish of the id replaces it (as a
-        retry of a parked task does on purpose). Celery would run both: said in a WARNING."""
-        self.routes.record(route)
+        retry of a parked task does on purpose). Celery would run both: said in a WARNING.
+
+        Returns False when the transport is to publish the task itself after all: the store refused it (down,
+        full, too large ...) and it was sent from inside a running task (a retry, a chain's next step), where
+        Celery turns the error into a rejected, lost task. Outside a task the error is raised to the caller."""
         envelope = Envelope(route=route, payload=payload, framework=FRAMEWORK, name=info.name, extra=extra)
         captured = _captured.get()
         if captured is not None:
+            self.routes.record(route)
             captured.append(envelope)
-            return
-        parked = self.store.park(info.id, envelope, due=due)
+            return True
+        try:
+            self.routes.record(route)
+            parked = self.store.park(info.id, envelope, due=due)
+        except DelayBrokerError as error:
+            sender = get_current_task()
+            if sender is None:
+                raise
+            logger.error(
+                "delay_broker: could not park %s[%s], sent from task %s[%s] (%s): published to the broker with "
+                "its eta instead, as Celery would (a worker holds it until due)",
+                info.name,
+                info.id,
+                sender.name,
+                sender.request.id,
+                error,
+            )
+            return False
         if parked.outcome == "replaced" and not info.retries:
             logger.warning(
                 "delay_broker: task %s[%s] replaces a task of the same id that was parked (one parked task per id; "
@@ -86,6 +109,7 @@ class Parker:
                 due.isoformat(),
             )
         logger.debug("delay_broker: parked %s[%s] until %s on %r", info.name, info.id, due.isoformat(), route)
+        return True
 
     def cancel_revoked(self, ids: list[str]) -> int:
         """Cancel parked tasks named by a revoke broadcast; the broadcast itself still goes out."""

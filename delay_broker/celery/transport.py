@@ -73,8 +73,7 @@ def _park_virtual(
         return False
     if check is not None:
         check(message)
-    parker.park(info, due, route, encode_virtual(message), {"queue": queue})
-    return True
+    return parker.park(info, due, route, encode_virtual(message), {"queue": queue})
 
 
 def _watch_control(channel_parker: Parker | None, exchange: str, body: Any, content_type: Any, encoding: Any) -> None:
@@ -176,8 +175,9 @@ class AmqpChannel(kombu_pyamqp.Channel):
         if info is None or due is None:
             return False
         extra = {"exchange": exchange, "routing_key": routing_key}
-        parker.park(info, due, amqp_route(exchange, routing_key), encode_amqp(msg.body, properties, **extra), extra)
-        return True
+        return parker.park(
+            info, due, amqp_route(exchange, routing_key), encode_amqp(msg.body, properties, **extra), extra
+        )
 
     def _basic_publish(self, *args: Any, **kwargs: Any) -> Any:
         if not self._delay_broker_seen and self._delay_broker_intercept(*_publish_args(args, kwargs)):
