@@ -335,3 +335,18 @@ def test_a_task_sent_from_a_running_task_goes_to_the_broker_when_the_store_canno
         assert parker.park(info, due, "celery", b"{}", {"queue": "celery"}) is False, "the transport publishes it"
     finally:
         _task_stack.pop()
+
+
+def test_an_amqps_broker_keeps_tls(redis_server: EmbeddedRedis) -> None:
+    # kombu's amqps:// transport is what turns TLS on: our plain AMQP transport in its place logged in over TCP.
+    from delay_broker.celery import TRANSPORT_AMQP, TRANSPORT_AMQPS, validate
+
+    app = Celery("tls", broker="amqps://guest:guest@127.0.0.1:1//")
+    app.conf.broker_transport_options = {"delay_broker": {"redis_url": redis_server.url}}
+    app.conf.broker_transport = TRANSPORT_AMQP
+    with pytest.raises(ConfigurationError, match=r"amqps:// needs TLS.*AmqpSSLTransport"):
+        validate(app)
+    app.conf.broker_transport = TRANSPORT_AMQPS
+    with app.connection_for_write() as connection:
+        assert connection.transport.client.ssl, "TLS on, as kombu's own amqps:// transport does"
+    app.close()

@@ -28,6 +28,7 @@ from .schedules import runtime_schedules, schedule, schedules_of
 TRANSPORT_REDIS = "delay_broker.celery.transport:RedisTransport"
 TRANSPORT_SENTINEL = "delay_broker.celery.transport:SentinelTransport"
 TRANSPORT_AMQP = "delay_broker.celery.transport:AmqpTransport"
+TRANSPORT_AMQPS = "delay_broker.celery.transport:AmqpSSLTransport"
 TRANSPORT_SQS = "delay_broker.celery.transport:SQSTransport"
 
 __all__ = [
@@ -35,6 +36,7 @@ __all__ = [
     "DEFAULT_THRESHOLDS",
     "OPTIONS_KEY",
     "TRANSPORT_AMQP",
+    "TRANSPORT_AMQPS",
     "TRANSPORT_REDIS",
     "TRANSPORT_SENTINEL",
     "TRANSPORT_SQS",

@@ -6,6 +6,7 @@ from datetime import datetime
 from typing import Any
 from urllib.parse import urlsplit
 
+from kombu.transport import pyamqp as kombu_pyamqp
 from kombu.transport import redis as kombu_redis
 
 from ..clock import delay_to_ms, ms_to_datetime
@@ -76,6 +77,12 @@ def validate(app: Any) -> CeleryOptions:
         scheme_kind = kind_of_scheme(scheme)
         if scheme_kind is not None and scheme_kind != kind:
             raise ConfigurationError(f"broker_url {scheme}:// does not match {_transport_path(kind)!r}")
+        if scheme.lower() == "amqps" and not _tls_transport(app) and not app.conf.broker_use_ssl:
+            # Our plain transport would log in without TLS, where Celery alone insists on it.
+            raise ConfigurationError(
+                f"broker_url amqps:// needs TLS: set broker_transport = {_transport_path(kind, scheme)!r} "
+                "(install() does), or broker_use_ssl"
+            )
     if len(urls) > 1 and kind != "sentinel":
         # Sentinel: one sentinel:// URL per Sentinel is the normal form, and our transport keeps kombu from
         # switching between them (see transport.SentinelTransport).
@@ -86,10 +93,22 @@ def validate(app: Any) -> CeleryOptions:
     return options
 
 
-def _transport_path(kind: Kind) -> str:
+def _transport_path(kind: Kind, scheme: str = "") -> str:
     from .transport import TRANSPORTS
 
-    return TRANSPORTS[kind]
+    return TRANSPORTS["amqps" if scheme.lower() == "amqps" else kind]
+
+
+def _tls_transport(app: Any) -> bool:
+    """Whether the app's broker transport is kombu's TLS one for AMQP (or ours of it)."""
+    with app.connection_for_write() as connection:
+        return issubclass(connection.get_transport_cls(), kombu_pyamqp.SSLTransport)
+
+
+def _amqp_tls(app: Any) -> bool:
+    """Whether the app reaches RabbitMQ over TLS: an ``amqps://`` URL (its own transport turns TLS on)."""
+    urls = str(app.conf.broker_write_url or app.conf.broker_url or "").split(";")
+    return any(urlsplit(url.strip()).scheme.lower() == "amqps" for url in urls)
 
 
 def install(app: Any, **options: Any) -> CeleryOptions:
@@ -115,7 +134,7 @@ def install(app: Any, **options: Any) -> CeleryOptions:
         )
     transport_options[OPTIONS_KEY] = raw
     previous = (app.conf.broker_transport, app.conf.broker_transport_options)
-    app.conf.broker_transport = _transport_path(kind)
+    app.conf.broker_transport = _transport_path(kind, scheme)
     app.conf.broker_transport_options = transport_options
     try:
         checked = validate(app)
@@ -164,7 +183,9 @@ def build_promoter(app: Any, *, listener: PromoterListener | None = None, **over
         deliverer = VirtualRepublisher(lambda: app.connection_for_write(transport="sqs"), AllowedRoutes(queues, book))
     else:
         deliverer = AmqpRepublisher(
-            lambda: app.connection_for_write(transport="pyamqp", transport_options={"confirm_publish": True}),
+            lambda: app.connection_for_write(
+                transport="amqps" if _amqp_tls(app) else "pyamqp", transport_options={"confirm_publish": True}
+            ),
             AllowedRoutes(declared_amqp_routes(app, queues), book),
         )
     schedules = schedules_of(app)

@@ -207,6 +207,13 @@ class AmqpTransport(DelayBrokerTransport, kombu_pyamqp.Transport):
     delay_broker_kind = "amqp"
 
 
+class AmqpSSLTransport(DelayBrokerTransport, kombu_pyamqp.SSLTransport):
+    """The same over TLS, as kombu's ``amqps://`` transport (what an ``amqps://`` broker URL selects)."""
+
+    Connection = AmqpConnection
+    delay_broker_kind = "amqp"
+
+
 # -- SQS (needs boto3: imported only when asked for) -------------------------------------------------------------
 
 
@@ -244,6 +251,7 @@ TRANSPORTS: dict[str, str] = {
     "redis": f"{__name__}:RedisTransport",
     "sentinel": f"{__name__}:SentinelTransport",
     "amqp": f"{__name__}:AmqpTransport",
+    "amqps": f"{__name__}:AmqpSSLTransport",
     "sqs": f"{__name__}:SQSTransport",
 }
 """The ``broker_transport`` value for each kind of broker."""
