@@ -565,14 +565,20 @@ class DelayStore:
         return sum(self.cancel_each(ids))
 
     def cancel_each(self, ids: Sequence[str]) -> list[bool]:
-        """Cancel each id (as :meth:`cancel`), one script call per 1,000 per shard; True for each one removed."""
+        """Cancel each id (as :meth:`cancel`), one script call per 1,000 per shard; True for each one removed
+        (for an id given twice, its first place)."""
         ids = [check_id(id) for id in ids]
+        unique = list(dict.fromkeys(ids))
         if self._far is None:
-            return self._cancel_in_redis(ids)
-        # The far tier first: deleting a row waits for a mover that holds it, after which the message is in
-        # Redis. Redis is asked for every id, because a mover that died may have left a copy there too.
-        far = self._far.delete(ids)
-        return [id in far or in_redis for id, in_redis in zip(ids, self._cancel_in_redis(ids), strict=True)]
+            removed = dict(zip(unique, self._cancel_in_redis(unique), strict=True))
+        else:
+            # The far tier first: deleting a row waits for a mover that holds it, after which the message is in
+            # Redis. Redis is asked for every id, because a mover that died may have left a copy there too.
+            far = self._far.delete(unique)
+            in_redis = self._cancel_in_redis(unique)
+            removed = {id: id in far or gone for id, gone in zip(unique, in_redis, strict=True)}
+        first = {id: n for n, id in reversed(list(enumerate(ids)))}
+        return [removed[id] and first[id] == n for n, id in enumerate(ids)]
 
     def _cancel_in_redis(self, ids: list[str], *, replacing: bool = False) -> list[bool]:
         """Remove the parked or dead copies of ``ids`` from Redis; ``replacing`` (by a far row) also those a

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from click.testing import CliRunner, Result
 
-from delay_broker import DelayStore, Envelope, ListTarget, Promoter
+from delay_broker import DelayStore, Envelope, ListTarget, ParkRequest, Promoter
 from delay_broker.cli import cli, common, serve
 from delay_broker.cli.format import (
     bar,
@@ -753,3 +753,14 @@ def test_ls_filters_and_bulk_cancel_reschedule_requeue_purge_by_filter(run, stor
     assert purged["done"] == purged["matched"] == len(claim.messages) - 1
     assert store.stats().dead == 0
     assert run("dead", "requeue", "f-02", "--all").exit_code == 2
+
+
+def test_a_store_with_its_own_key_prefix_is_read_with_prefix(run, redis_server, namespace) -> None:
+    store = DelayStore(redis_server.client(), namespace=namespace, prefix="billing")
+    store.park_many([ParkRequest(f"job-{n}", Envelope(route="q", payload=b"x"), delay=60) for n in range(5)])
+    assert as_json(run("stats", "--json"))["parked"] == 0, "another prefix, another store"
+    assert as_json(run("stats", "--prefix", "billing", "--json"))["parked"] == 5
+    assert as_json(run("stats", "--json", env={"DELAY_BROKER_PREFIX": "billing"}))["parked"] == 5
+    assert run("show", "job-1", "--prefix", "billing").exit_code == 0
+    scrape = run("metrics", "--print", "--prefix", "billing", "-n", namespace)
+    assert f'delay_broker_parked_messages{{namespace="{namespace}"}} 5.0' in scrape.output

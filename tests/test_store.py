@@ -540,3 +540,10 @@ def test_a_reader_opened_before_the_application_sees_the_shards_it_records(clien
     wait_for(lambda: reader.stats().parked == 40, timeout=5, what="the reader to see every shard")
     assert len(reader.shards) == 4 and all(reader.get(id) is not None for id in ids)
     assert reader.cancel_many(ids) == 40 and producer.stats().parked == 0
+
+
+def test_an_id_given_twice_to_cancel_is_counted_once(store):
+    store.park("a", envelope(), delay=60)
+    assert store.cancel_each(["a", "b", "a"]) == [True, False, False]
+    store.park("a", envelope(), delay=60)
+    assert store.cancel_many(["a", "a"]) == 1 and store.get("a") is None

@@ -18,7 +18,7 @@ from rich.console import Console
 from rich.text import Text
 
 from ..errors import DelayBrokerError
-from ..keys import DEFAULT_NAMESPACE
+from ..keys import DEFAULT_NAMESPACE, DEFAULT_PREFIX
 from ..operations import BulkResult, MessageFilter, Operations
 from ..store import DelayStore, MessageInfo
 from .format import format_time, parse_when, printable
@@ -44,16 +44,30 @@ class OrderedGroup(click.Group):
 
 
 def _remember(ctx: click.Context, param: click.Parameter, value: Any) -> Any:
-    """Keep a far-tier option for :func:`open_session`, so that commands need no parameter for it."""
+    """Keep a store option (far tier, key prefix) for :func:`open_session`, so commands need no parameter."""
     if value not in (None, ""):  # an empty variable is no tier
         ctx.meta[f"delay_broker.{param.name}"] = value
     return value
 
 
+def prefix_option(func: F) -> F:
+    """``--prefix``: the store's key prefix, for an application that sets ``prefix`` (kept for open_session)."""
+    return click.option(
+        "--prefix",
+        envvar="DELAY_BROKER_PREFIX",
+        show_envvar=True,
+        metavar="PREFIX",
+        expose_value=False,
+        callback=_remember,
+        help=f"Key prefix your application's delay_broker settings use (prefix=...)  [default: {DEFAULT_PREFIX}]",
+    )(func)
+
+
 def store_options(func: F) -> F:
-    """``--redis-url``, ``--namespace``, ``--far-tier``, ``--far-horizon`` and ``--json``, shared by every
-    command that reads the store."""
+    """``--redis-url``, ``--namespace``, ``--prefix``, ``--far-tier``, ``--far-horizon`` and ``--json``, shared
+    by every command that reads the store."""
     func = click.option("--json", "as_json", is_flag=True, help="Print JSON (for scripts) instead of tables.")(func)
+    func = prefix_option(func)
     func = click.option(
         "--far-horizon",
         envvar="DELAY_BROKER_FAR_HORIZON",
@@ -125,12 +139,13 @@ def open_session(redis_url: str | None, namespace: str, as_json: bool) -> Sessio
         )
     meta = click.get_current_context().meta
     far = {"far_tier": meta.get("delay_broker.far_tier"), "far_horizon": meta.get("delay_broker.far_horizon")}
+    prefix = meta.get("delay_broker.prefix", DEFAULT_PREFIX)
     try:
         store = DelayStore.from_url(
-            redis_url, namespace=namespace, socket_connect_timeout=5.0, socket_timeout=15.0, **far
+            redis_url, namespace=namespace, prefix=prefix, socket_connect_timeout=5.0, socket_timeout=15.0, **far
         )
     except ValueError as error:
-        raise click.UsageError(f"cannot use --redis-url / --namespace / --far-tier: {error}") from None
+        raise click.UsageError(f"cannot use --redis-url / --namespace / --prefix / --far-tier: {error}") from None
     return Session(store, namespace, as_json)
 
 

@@ -10,7 +10,7 @@ import click
 
 from ..errors import DelayBrokerError
 from ..keys import DEFAULT_NAMESPACE
-from .common import LOG_LEVELS, open_session, reports_errors
+from .common import LOG_LEVELS, open_session, prefix_option, reports_errors
 
 # -- promote / metrics --------------------------------------------------------------------------------------------
 
@@ -60,6 +60,7 @@ def build_app_promoter(dramatiq_broker: str | None, celery_app: str | None, over
     show_default=True,
     help="Level of the delay_broker log lines (start/stop, Redis lost/regained, dead letters).",
 )
+@reports_errors
 def promote(
     dramatiq_broker: str | None,
     celery_app: str | None,
@@ -128,6 +129,7 @@ def promote(
     metavar="URL",
     help="Redis holding the delay store, e.g. redis://localhost:6379/0.",
 )
+@prefix_option
 @reports_errors
 def metrics_command(port: int, addr: str, print_once: bool, namespaces: Sequence[str], redis_url: str | None) -> None:
     """Serve Prometheus metrics read from the store at each scrape (parked, in flight, dead, overdue,
