@@ -13,6 +13,14 @@ from delay_broker import DelayStore
 from delay_broker.embedded import EmbeddedRedis
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    # SIGTERM to pytest becomes KeyboardInterrupt, so fixtures are torn down and each private redis-server is
+    # stopped (Python's default would end the process and leave them running); also when only tests/ runs.
+    from integration.ha_servers import install_handlers
+
+    install_handlers()
+
+
 @pytest.fixture(scope="session")
 def redis_server() -> Iterator[EmbeddedRedis]:
     # scripts/matrix runs a smoke on other Redis versions by naming their redis-server binary here.
