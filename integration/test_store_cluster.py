@@ -270,8 +270,8 @@ def test_with_shard_0_s_master_down_the_other_shards_park_and_reschedule(namespa
         other = next(s for s in range(1, SHARDS) if cluster.node_of_key(store.shards[s].due) != home)
         ids = [f"job-{n}" for n in range(5000) if store.shard_for(f"job-{n}") == other][:2]
         store.park(ids[0], envelope(), delay=3600)  # the layout is read and recorded while all is up
+        healthy = cluster.node_client(cluster.node_of_key(store.shards[other].due))  # asked while all answer
         cluster.nodes[home].stop(crash=True)
-        healthy = cluster.node_client(cluster.node_of_key(store.shards[other].due))
         healthy.script_flush()  # as after a restart of that node: its scripts must be loaded again
         wait_for(lambda: _parks(store, ids[1]), 30, "a park into a healthy shard")
         info = store.get(ids[1])
