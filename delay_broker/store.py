@@ -523,9 +523,14 @@ class DelayStore:
         max_delay_ms: int | None = None,
         revision: str = "",
         adopt: tuple[int, list[int]] | None = None,
+        retire: Sequence[int] = (),
     ) -> list[ParkResult]:
+        """One park.lua call: ``adopt`` (the mover's deadline and the rows' tokens) moves far rows in;
+        ``retire`` are the tokens of far rows the park replaces (see park.lua)."""
         limit = self._max_delay_arg() if max_delay_ms is None else max_delay_ms
-        fence, tokens = ("", "") if adopt is None else (str(adopt[0]), " ".join(map(str, adopt[1])))
+        fence, tokens = (
+            ("", " ".join(map(str, retire))) if adopt is None else (str(adopt[0]), " ".join(map(str, adopt[1])))
+        )
         args: list[Any] = [on_conflict, MAX_DUE_MS, schedule, limit, revision, fence, tokens]
         for item in chunk:
             args.extend(item)
@@ -814,12 +819,16 @@ class DelayStore:
                         results[n] = ParkResult(encoded[n][0], held[encoded[n][0]], "kept")
                 chunk = [n for n in chunk if results[n] is None]
                 parked = self._park_encoded([encoded[n] for n in chunk], on_conflict) if chunk else []
-                replaced: set[str] = set()
+                replaced: dict[str, int] = {}
             else:
                 # Deleted in a transaction committed only once the park in Redis is done: a park that fails
-                # leaves the rows as they were.
+                # leaves the rows as they were. The park records the rows' tokens as moved in: if the commit
+                # then fails, the rows it leaves are never moved into Redis beside the new copy.
+                shard = self.shard_for(encoded[chunk[0]][0])
                 with rows.deleted([encoded[n][0] for n in chunk]) as replaced:
-                    parked = self._park_encoded([encoded[n] for n in chunk], on_conflict)
+                    parked = self._park(shard, [encoded[n] for n in chunk], on_conflict, retire=list(replaced.values()))
+                if replaced:
+                    self._forget_tokens(shard, list(replaced.values()))
         for n, result in zip(chunk, parked, strict=True):
             results[n] = dataclasses.replace(result, outcome="replaced") if result.id in replaced else result
 
@@ -932,11 +941,14 @@ class DelayStore:
             self._park(shard, chunk, "keep", max_delay_ms=-1, adopt=(deadline_ms, [row.token for row in group]))
 
     def _forget_moved(self, rows: list[FarRow]) -> None:
+        for shard, group in self._rows_by_shard(rows).items():
+            self._forget_tokens(shard, [row.token for row in group])
+
+    def _forget_tokens(self, shard: int, tokens: list[int]) -> None:
         """Drop the tokens of rows now deleted. A failure here only leaves tokens for :meth:`forget_moved_orphans`."""
         try:
-            for shard, group in self._rows_by_shard(rows).items():
-                with self._redis("forgetting moved tokens"):
-                    self.client.zrem(self.shards[shard].moved, *[row.token for row in group])
+            with self._redis("forgetting moved tokens"):
+                self.client.zrem(self.shards[shard].moved, *tokens)
         except StoreError as error:
             logger.debug("Tokens of moved rows left for later: %s", error)
 

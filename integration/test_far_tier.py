@@ -247,6 +247,39 @@ def test_postgresql_down_refuses_far_parks_clearly_and_promotion_goes_on(
         client.close()
 
 
+def test_a_near_park_whose_commit_failed_never_lets_the_row_it_replaced_run(
+    redis_server: EmbeddedRedis, own_postgres: PostgresServer, unique: str
+) -> None:
+    client = redis_server.client()
+    tier = FarTier(own_postgres.url, horizon=HORIZON, sweep_interval=0.1, lease=5.0)
+    store = DelayStore(client, namespace=f"commit-{unique}", far_tier=tier)
+    target = f"commit-{unique}:ready"
+    try:
+        store.park("job", Envelope("ready", b"far"), delay=HORIZON + 0.5)
+        real_park = store._park
+
+        def park_then_postgresql_dies(*args: Any, **kwargs: Any) -> Any:
+            parked = real_park(*args, **kwargs)
+            own_postgres.stop("immediate")  # the row's delete, after the park in Redis, never commits
+            return parked
+
+        store._park = park_then_postgresql_dies  # type: ignore[method-assign]
+        with pytest.raises(FarTierUnavailable):
+            store.park("job", Envelope("ready", b"near"), delay=0.2)
+        store._park = real_park  # type: ignore[method-assign]
+        own_postgres.start()
+        assert store._far is not None and store._far.get("job") is not None, "the delete was rolled back"
+        stats = store.stats()
+        assert (stats.parked, stats.far) == (1, 0), "counted once, as the copy in Redis"
+        wait_for(lambda: promote(store, target), 5, "the near copy promoted")
+        wait_for(lambda: store.sweep_far() == 1, 5, "the old row, within the horizon, deleted as moved in already")
+        assert store._far.get("job") is None and store.get("job") is None and client.zcard(store.keys.moved) == 0
+        assert promote(store, target) == 0 and client.lrange(target, 0, -1) == [b"near"], "run once, the near copy"
+    finally:
+        client.delete(target, *client.scan_iter(match=store.keys.pattern))
+        client.close()
+
+
 @pytest.mark.slow
 def test_sweepers_killed_and_postgresql_restarted_lose_and_duplicate_nothing(
     redis_server: EmbeddedRedis, own_postgres: PostgresServer, unique: str

@@ -122,7 +122,7 @@ class FarTable:
 
     @property
     def delete_sql(self) -> str:
-        return f"DELETE FROM {self.table} WHERE namespace = %s AND id = ANY(%s) RETURNING id"
+        return f"DELETE FROM {self.table} WHERE namespace = %s AND id = ANY(%s) RETURNING id, token"
 
     def delete(self, ids: Sequence[str]) -> set[str]:
         """Remove these ids' rows (waiting for a sweeper moving one of them); the ids that had one."""
@@ -351,14 +351,14 @@ class Parking:
         self.release(commit=True)
 
     @contextmanager
-    def deleted(self, ids: Sequence[str]) -> Iterator[set[str]]:
+    def deleted(self, ids: Sequence[str]) -> Iterator[dict[str, int]]:
         """Delete these ids' rows in a transaction committed when the block ends without error (the block's
         park in Redis done), with the locks given back: if the block raises, the rows stay. Gives the ids
-        that had a row."""
+        that had a row, with its token."""
         sql = self._table.delete_sql
         found = self._fetch("replacing far messages", sql, self._delete_args(ids), begin=True)
         try:
-            yield {row[0] for row in found}
+            yield {id: token for id, token in found}
         except BaseException:
             if self._connection is not None:
                 with suppress(psycopg.Error):

@@ -11,7 +11,7 @@
 --   STATS     HASH counters
 --   CRON      HASH schedule name -> due ms of the latest occurrence parked for it
 --   SCHEDULES_REV  STRING revision of the runtime schedules' definitions
---   MOVED     ZSET far-tier token -> when its message was moved in (adopting only)
+--   MOVED     ZSET far-tier token -> when its message was moved in (adopting, or replacing far rows)
 -- ARGV[1] on_conflict: 'replace' (reschedule and replace the payload) or 'keep' (leave an existing id alone)
 -- ARGV[2] max_due_ms: latest due time accepted
 -- ARGV[3] schedule: '' or the name of a recurring schedule. With a name the call parks one occurrence, and
@@ -27,6 +27,8 @@
 -- ARGV[7] adopting: the far-tier tokens of the groups, space-separated, in group order. A token already in
 --         MOVED was adopted before, by a mover that died before deleting its row: that group is skipped. Every
 --         other token is recorded, so that a row moved in is never moved in twice (nor run twice).
+--         Not adopting: '' or the tokens of the far rows this park replaces, whose delete commits only after
+--         it; they are recorded in MOVED, so that a row whose delete failed is never moved in after all.
 -- ARGV[8..] groups of 4: id, kind ('d' = delay in ms from Redis TIME, 'a' = absolute due ms), value, envelope
 -- Returns a flat list, two entries per message: due_ms, outcome (1 = new, 2 = replaced, 0 = kept existing;
 -- for a kept message due_ms is its current due time, or -1 when it is in flight or dead; for a refused
@@ -39,6 +41,7 @@ local max_due = tonumber(ARGV[2])
 local schedule = ARGV[3]
 local max_delay = tonumber(ARGV[4])
 local adopting = ARGV[6] ~= ''
+local retiring = not adopting and ARGV[7] ~= ''
 local now = now_ms()
 if adopting and now >= tonumber(ARGV[6]) then
     return redis.error_reply('LEASEGONE far-tier move refused: its lease ran out (another mover may own the rows)')
@@ -149,6 +152,7 @@ if writing > 0 then
     -- rare ones with TYPE; STATS by its first write, which comes before any other: a refusal there leaves
     -- every message as it was.
     local problem = (woke == 1 and wrong_type(WAKE, 'list'))
+        or (retiring and wrong_type(MOVED, 'zset'))
         or (replacing and wrong_type(LEASED, 'hash', ATTEMPTS, 'hash', ERRORS, 'hash'))
         or count_first(STATS, 'parked', writing)
     if problem then
@@ -192,6 +196,11 @@ if adopting then
         if not moved[n] then
             redis.call('ZADD', MOVED, now, tokens[n])
         end
+    end
+end
+if retiring then
+    for token in string.gmatch(ARGV[7], '%S+') do
+        redis.call('ZADD', MOVED, now, token)
     end
 end
 if delivered > 0 then
