@@ -414,6 +414,35 @@ def test_redis_broker_direct_promotion(redis_server: Any, namespace: str) -> Non
     assert math.isclose(middleware.threshold.total_seconds(), 1.0)
 
 
+def test_a_pipeline_stage_for_a_queue_only_another_service_declares_goes_to_the_broker(
+    redis_server: Any, namespace: str
+) -> None:
+    """RedisBroker (and RabbitMQ) take a message for a queue this process never declared, served by another
+    service. A producer is told the store cannot park it; a pipeline's next stage, sent where Dramatiq swallows
+    the error, goes to the broker as plain Dramatiq sends it, rather than being lost."""
+    from dramatiq.brokers.redis import RedisBroker
+
+    broker = RedisBroker(client=redis_server.client(), namespace=f"dq-{namespace}")  # type: ignore[no-untyped-call]
+    middleware = DelayMiddleware(namespace=namespace, threshold=1, promote_in_workers=False)
+    broker.add_middleware(middleware)
+    stage = dramatiq.actor(broker=broker, queue_name="local", actor_name="stage")(lambda: None)
+    theirs = {"queue_name": "elsewhere", "actor_name": "theirs", "args": (), "kwargs": {}}
+    with pytest.raises(QueueNotFound):
+        broker.enqueue(dramatiq.Message(**theirs, options={}), delay=5000)
+    client = broker.client
+    worker = dramatiq.Worker(broker, worker_timeout=100, worker_threads=1)
+    worker.start()
+    try:
+        next_stage = dramatiq.Message(**theirs, options={"delay": 5000, "pipe_ignore": True})
+        dramatiq.pipeline([stage.message(), next_stage], broker=broker).run()
+        wait_for(lambda: client.llen(f"dq-{namespace}:elsewhere.DQ") == 1, timeout=15)
+    finally:
+        worker.stop(timeout=5000)
+        client.delete(*client.keys(f"dq-{namespace}:*"))
+        broker.close()
+    assert middleware.store.stats().parked == 0
+
+
 @pytest.mark.parametrize(("configured", "expected"), [(None, 900), (3600, 900), (120, 120)])
 def test_sqs_threshold_defaults_to_and_never_exceeds_900_seconds(
     client: redis.Redis, configured: float | None, expected: int

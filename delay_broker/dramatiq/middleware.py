@@ -213,7 +213,14 @@ class DelayMiddleware(dramatiq.Middleware):
         a fresh ``redis_message_id``. Returns it, as ``broker.enqueue`` returns what it enqueued.
         """
         plain: AnyMessage = getattr(message, "_message", message)  # unwrap a MessageProxy
-        parked, envelope = self._envelope(plain)
+        try:
+            parked, envelope = self._envelope(plain)
+        except QueueNotFound as error:
+            if not _swallowed_by_dramatiq(message):
+                raise
+            # A pipeline stage or retry for a queue only another service declares: Redis and RabbitMQ
+            # brokers take it natively, where the QueueNotFound would be swallowed and the message lost.
+            return self._fall_back(message, delay, error)
         try:
             self.store.park(parked.message_id, envelope, delay=timedelta(milliseconds=delay))
         except DelayBrokerError as error:
@@ -262,7 +269,7 @@ class DelayMiddleware(dramatiq.Middleware):
         except DelayBrokerError:
             return True  # the master is gone, and the copy it did not replicate with it
 
-    def _fall_back(self, message: AnyMessage, delay: int, error: DelayBrokerError) -> AnyMessage:
+    def _fall_back(self, message: AnyMessage, delay: int, error: Exception) -> AnyMessage:
         # A retry or a pipeline's next stage from inside a worker: an exception here is swallowed by Dramatiq
         # and the message acked, i.e. lost. Better a message held natively (or sooner, at the broker's limit)
         # than none.
