@@ -336,6 +336,20 @@ def test_a_retry_with_a_delay_already_past_runs_again(app: App, worker: dramatiq
     wait_for(lambda: len(app.ran("past")) == 2, timeout=15)
 
 
+def test_flushing_a_queue_drops_the_messages_parked_for_it(client: redis.Redis, namespace: str) -> None:
+    """A test suite's teardown (``broker.flush_all()``) drops delayed messages: parked ones must go too, or
+    they run in a later test."""
+    app = make_app(client, namespace)
+    other = dramatiq.actor(broker=app.broker, queue_name="elsewhere", actor_name=f"other_{app.queue}")(lambda: None)
+    send(app, "parked", delay=60_000)
+    kept = other.send_with_options(delay=60_000)
+    app.broker.flush(f"{app.queue}.DQ")  # the delay queue's name: the same queue's delayed messages
+    assert [info.id for info in app.middleware.store.list_messages()] == [kept.message_id]
+    send(app, "again", delay=60_000)
+    app.broker.flush_all()
+    assert app.middleware.store.stats().parked == 0
+
+
 def test_one_middleware_per_broker(client: redis.Redis, namespace: str) -> None:
     first, second = StubBroker(), StubBroker()
     middleware = DelayMiddleware(client=client, namespace=namespace)
