@@ -277,6 +277,34 @@ def test_a_schedule_parks_each_occurrence_as_celery_would_send_it(
     assert store.get(info.id) is None
 
 
+def test_a_schedule_s_relative_expires_counts_from_each_occurrence(app: Celery, redis_server: EmbeddedRedis) -> None:
+    # Occurrences are built a period ahead: counted from the build, as Celery counts it from the send, every
+    # occurrence expired before it was due and was discarded by the worker. Beat sends at the due time.
+    from delay_broker.celery import schedule
+    from delay_broker.cron import occurrence_id
+
+    @app.task(name="t.expiring", shared=False, expires=30)
+    def expiring() -> None: ...
+
+    store = store_of(app, redis_server)
+    schedule(app, "0 9 * * *", "t.add", args=(1, 2), expires=600)
+    schedule(app, "0 9 * * *", "t.expiring")
+    schedule(app, "0 9 * * *", "t.add", name="fixed", expires=datetime(2100, 1, 1, tzinfo=timezone.utc))
+    build_promoter(app).step()
+    expected = {"t.add": timedelta(seconds=600), "t.expiring": timedelta(seconds=30)}
+    for name, after in expected.items():
+        due_ms = store.schedules()[name]
+        assert due_ms is not None
+        info = store.get(occurrence_id(store.keys.namespace, name, due_ms))
+        assert info is not None and info.envelope is not None
+        headers = json.loads(info.envelope.payload)["headers"]
+        assert datetime.fromisoformat(headers["expires"]) == datetime.fromtimestamp(due_ms / 1000, timezone.utc) + after
+    fixed_ms = store.schedules()["fixed"]
+    info = store.get(occurrence_id(store.keys.namespace, "fixed", fixed_ms))  # type: ignore[arg-type]
+    assert info is not None and info.envelope is not None
+    assert json.loads(info.envelope.payload)["headers"]["expires"].startswith("2100-01-01T00:00:00")
+
+
 def test_bad_celery_schedules_are_refused_when_declared(app: Celery) -> None:
     from delay_broker.celery import schedule
 

@@ -66,8 +66,12 @@ def occurrence_builder(app: Any, call: ScheduledCall) -> Build:
     """Makes each occurrence's message with Celery itself (``send_task`` with the occurrence's id and eta)."""
 
     def build(id: str, due: datetime) -> Envelope:
+        options = dict(call.options)
+        expires = _expires_at(app, call, due)
+        if expires is not None:
+            options["expires"] = expires
         with capture_parked() as captured:
-            app.send_task(call.task, args=call.args, kwargs=dict(call.kwargs), task_id=id, eta=due, **call.options)
+            app.send_task(call.task, args=call.args, kwargs=dict(call.kwargs), task_id=id, eta=due, **options)
         if len(captured) != 1:
             raise DelayBrokerError(
                 f"the occurrence of {call.task!r} was not caught by a delay_broker transport: is it enabled?"
@@ -75,6 +79,20 @@ def occurrence_builder(app: Any, call: ScheduledCall) -> Build:
         return captured[0]
 
     return build
+
+
+def _expires_at(app: Any, call: ScheduledCall, due: datetime) -> datetime | None:
+    """A relative ``expires`` (seconds or a timedelta, the call's or else its task's) as the time it ends,
+    counted from the occurrence: Celery counts it from the send, which for an occurrence is its build, a period
+    ahead, so every occurrence would expire before it is due (beat sends at the due time)."""
+    expires = (
+        call.options["expires"] if "expires" in call.options else getattr(app.tasks.get(call.task), "expires", None)
+    )
+    if isinstance(expires, timedelta):
+        return due + expires
+    if isinstance(expires, int | float) and not isinstance(expires, bool):
+        return due + timedelta(seconds=expires)
+    return None  # none, or already a point in time
 
 
 def schedules_of(app: Any) -> dict[str, Schedule]:
