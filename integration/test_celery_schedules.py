@@ -41,3 +41,30 @@ def test_two_workers_run_each_occurrence_of_a_schedule_once(request: pytest.Fixt
         assert latest is not None and latest / 1000 > max(run["t"] for run in runs), "the next one waits parked"
     finally:
         env.close()
+
+
+@pytest.mark.timeout(300)
+def test_a_schedule_for_a_quorum_queue_runs_each_occurrence_once(request: pytest.FixtureRequest) -> None:
+    """Celery sends an eta for a quorum queue through RabbitMQ's delay exchanges: an occurrence built that way
+    was published at once instead of parked, and published again at every retry of its build."""
+    pytest.importorskip("kombu.transport.native_delayed_delivery", reason="Celery < 5.5: no native delayed delivery")
+    env = env_for("amqp", request, uuid.uuid4().hex[:10])
+    env.env["DBT_QUORUM"] = "1"
+    env.env["DBT_SCHEDULE"] = "* * * * * */15"  # longer than the 5 s between two tries of a failed build
+    try:
+        started = time.time()
+        env.start_worker("w1", concurrency=2)
+        cron_runs = lambda: [record for record in env.records() if record["tag"] == "cron"]  # noqa: E731
+        wait_for(lambda: len(cron_runs()) >= 2, 90, what="two occurrences ran")
+        time.sleep(6)  # a copy sent again at a retry of the build (every 5 s) would run by now
+        env.workers[0].stop()
+        ids = [run["id"] for run in cron_runs()]
+        assert len(ids) == len(set(ids)), f"an occurrence ran twice: {Counter(ids).most_common(2)}"
+        assert all(run["t"] >= started and run["t"] - run_due(run) < 5 for run in cron_runs())
+    finally:
+        env.close()
+
+
+def run_due(run: dict[str, float]) -> float:
+    """The due time of a ``* * * * * */15`` occurrence that ran at ``run["t"]`` (never early)."""
+    return int(run["t"]) // 15 * 15

@@ -39,6 +39,11 @@ def capture_parked() -> Iterator[list[Envelope]]:
         _captured.reset(token)
 
 
+def capturing() -> bool:
+    """Whether a :func:`capture_parked` block is collecting what is published now."""
+    return _captured.get() is not None
+
+
 class Parker:
     """Parks the tasks a transport publishes when their ``eta`` is more than ``threshold`` seconds away."""
 

@@ -27,7 +27,7 @@ from kombu.transport import redis as kombu_redis
 from .config import CeleryOptions, Kind, check_threshold, options_of
 from .fetch import ReliableFetch
 from .messages import amqp_route, encode_amqp, encode_virtual, revoked_ids, task_info
-from .parking import Parker
+from .parking import Parker, capturing
 
 logger = logging.getLogger("delay_broker.celery")
 
@@ -144,6 +144,13 @@ class SentinelTransport(DelayBrokerTransport, kombu_redis.SentinelTransport):
 
 NATIVE_DELAY_EXCHANGE = re.compile(r"(?:^|_)celery_delayed_\d+$")
 """The exchanges of Celery's native delayed delivery (kombu.transport.native_delayed_delivery.level_name)."""
+DELAY_LEVELS = 28
+"""kombu's MAX_NUMBER_OF_BITS_TO_USE: a native delayed publish's routing key starts with one bit per level."""
+DELAY_BITS = re.compile(rf"^(?:[01]\.){{{DELAY_LEVELS}}}")
+
+
+def _without_delay(routing_key: str) -> str:
+    return DELAY_BITS.sub("0." * DELAY_LEVELS, routing_key, count=1)
 
 
 def _publish_args(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, str, str]:
@@ -169,7 +176,11 @@ class AmqpChannel(kombu_pyamqp.Channel):
         if NATIVE_DELAY_EXCHANGE.search(exchange):
             # Celery's native delayed delivery (quorum queues): RabbitMQ holds the message in its delay
             # exchanges, not a worker, and the routing key encodes the delay; parked, it would be delayed twice.
-            return False
+            if not capturing():
+                return False
+            # A schedule's occurrence, which must be parked, never sent now: when due it goes through the same
+            # exchanges with no delay left.
+            routing_key = _without_delay(routing_key)
         info = task_info(properties.get("application_headers"))
         due = parker.due_if_parked(info)
         if info is None or due is None:
