@@ -562,6 +562,18 @@ class DelayStore:
             envelope = dataclasses.replace(envelope, extra=extra)
         return envelope.encode(int(time.time() * 1000), self.record_version)
 
+    def withdraw(self, id: str) -> bool:
+        """After a park raised :class:`StoreUnavailable` (:class:`NotReplicated`, or a call sent that got no
+        answer), before the message is sent some other way: take back a copy the store may hold (a failover may
+        lose it, or it may run: either way not beside the other copy). False when it is already being promoted,
+        and so runs from the store. True too when Redis cannot be asked: nothing more can be done."""
+        try:
+            return self.cancel(id) or self.get(id) is None
+        except NotReplicated:
+            return True  # removed on the master, unconfirmed like the park it takes back
+        except DelayBrokerError:
+            return True  # the master is gone, and the copy it did not replicate with it
+
     def cancel(self, id: str) -> bool:
         """Remove a parked (or dead-lettered) message. False if it is unknown, gone or being promoted."""
         return self.cancel_many([id]) == 1

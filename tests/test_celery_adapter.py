@@ -378,3 +378,35 @@ def test_an_amqps_broker_keeps_tls(redis_server: EmbeddedRedis) -> None:
     with app.connection_for_write() as connection:
         assert connection.transport.client.ssl, "TLS on, as kombu's own amqps:// transport does"
     app.close()
+
+
+def test_a_task_sent_from_a_running_task_is_not_left_in_the_store_when_no_replica_confirmed_it(
+    app: Celery, redis_server: EmbeddedRedis, unique: str
+) -> None:
+    # NotReplicated: the park is on the master, unconfirmed. The transport then publishes the task itself: the
+    # copy in the store must be taken back first, or both run (a retry ran twice in a helper's failover test).
+    from celery._state import _task_stack
+
+    from delay_broker.celery.messages import TaskInfo
+    from delay_broker.celery.parking import Parker
+    from delay_broker.errors import NotReplicated
+
+    @app.task(name="sender", bind=True)
+    def sender(self: Any) -> None: ...
+
+    store = DelayStore(redis_server.client(), namespace=f"nr-{unique}", replicas=1, replica_timeout=0.05)
+    parker = Parker(store, threshold=1)
+    parker.routes._recorded.add("celery")  # as if recorded before: the park itself is what is not confirmed
+    due = datetime.now(timezone.utc) + timedelta(hours=1)
+    try:
+        with pytest.raises(NotReplicated):  # a producer is told, and may send it again (same id: one copy)
+            parker.park(TaskInfo("sent", "t", due, None, 0), due, "celery", b"{}", {"queue": "celery"})
+        _task_stack.push(sender)
+        try:
+            retried = TaskInfo("retried", "t", due, None, 1)
+            assert parker.park(retried, due, "celery", b"{}", {"queue": "celery"}) is False, "published instead"
+        finally:
+            _task_stack.pop()
+        assert store.get("retried") is None, "the unconfirmed copy was taken back"
+    finally:
+        store.client.delete(*store.keys.all())

@@ -13,7 +13,7 @@ from typing import Any
 from celery._state import get_current_task
 
 from ..envelope import Envelope
-from ..errors import DelayBrokerError
+from ..errors import DelayBrokerError, StoreUnavailable
 from ..store import DelayStore
 from .config import CeleryOptions, Kind
 from .messages import TaskInfo
@@ -88,6 +88,8 @@ class Parker:
             sender = get_current_task()
             if sender is None:
                 raise
+            if isinstance(error, StoreUnavailable) and not self.store.withdraw(info.id):
+                return True  # already being promoted: it runs from the store, once
             logger.error(
                 "delay_broker: could not park %s[%s], sent from task %s[%s] (%s): published to the broker with "
                 "its eta instead, as Celery would (a worker holds it until due)",

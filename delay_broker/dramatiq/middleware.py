@@ -21,7 +21,7 @@ from dramatiq.errors import QueueNotFound
 from ..clock import delay_to_ms, ms_to_datetime
 from ..cron import Build, CronScheduler, Schedule
 from ..envelope import Envelope
-from ..errors import ConfigurationError, DelayBrokerError, InvalidDelay, NotReplicated, StoreUnavailable
+from ..errors import ConfigurationError, DelayBrokerError, InvalidDelay, StoreUnavailable
 from ..keys import DEFAULT_NAMESPACE
 from ..operations import MessageFilter, Operations
 from ..promoter import Deliverer, DirectDeliverer, Promoter
@@ -232,7 +232,7 @@ class DelayMiddleware(dramatiq.Middleware):
                 raise  # the caller sees it and decides
             # Any store failure (down, read-only replica, out of memory, no permission, payload too large):
             # an exception from a retry or a pipeline's next stage is swallowed by Dramatiq, the message lost.
-            if isinstance(error, StoreUnavailable) and not self._withdraw(parked.message_id):
+            if isinstance(error, StoreUnavailable) and not self.store.withdraw(parked.message_id):
                 return parked  # already being promoted: the store delivers it
             return self._fall_back(message, delay, error)
         logger.debug("Parked message %s for %r for %d ms.", parked.message_id, parked.queue_name, delay)
@@ -260,18 +260,6 @@ class DelayMiddleware(dramatiq.Middleware):
             hash_field=options.get("redis_message_id"),
         )
         return parked, envelope
-
-    def _withdraw(self, id: str) -> bool:
-        """After :class:`StoreUnavailable` (:class:`NotReplicated`, or a call sent that got no answer), before
-        the broker gets the message: take back a copy the store may hold (a failover may lose it, or it may
-        run: either way not beside the broker's copy). False when it is already being promoted, and so runs
-        from the store. True too when Redis cannot be asked: nothing more can be done."""
-        try:
-            return self.store.cancel(id) or self.store.get(id) is None
-        except NotReplicated:
-            return True  # removed on the master, unconfirmed like the park it takes back
-        except DelayBrokerError:
-            return True  # the master is gone, and the copy it did not replicate with it
 
     def _fall_back(self, message: AnyMessage, delay: int, error: Exception) -> AnyMessage:
         # A retry or a pipeline's next stage from inside a worker: an exception here is swallowed by Dramatiq
