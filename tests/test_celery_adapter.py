@@ -215,7 +215,23 @@ def test_revoke_of_some_workers_only_keeps_the_task_parked(app: Celery, redis_se
     store = store_of(app, redis_server)
     task = app.tasks["t.add"].apply_async((1, 2), countdown=60)
     app.control.revoke(task.id, destination=["someone@host"])
+    app.control.revoke(task.id, pattern="nobody-matches@*", matcher="glob")
     assert store.get(task.id) is not None
+
+
+def test_a_pickled_revoke_is_never_unpickled_and_says_the_task_stays_parked(
+    app: Celery, redis_server: EmbeddedRedis, caplog: pytest.LogCaptureFixture
+) -> None:
+    from delay_broker.celery import messages
+
+    app.conf.task_serializer = "pickle"
+    app.conf.accept_content = ["json", "pickle"]
+    task = app.tasks["t.add"].apply_async((1, 2), countdown=60)
+    messages._warn_unread_revoke.cache_clear()
+    with caplog.at_level(logging.WARNING, logger="delay_broker.celery"):
+        task.revoke()
+    assert store_of(app, redis_server).get(task.id) is not None
+    assert any("revoke broadcast is pickled" in record.getMessage() for record in caplog.records)
 
 
 def test_disabled_adapter_leaves_celery_alone(redis_server: EmbeddedRedis, unique: str) -> None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import dataclasses
+import functools
 import logging
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -33,6 +34,7 @@ CONTROL_METHODS = frozenset({"revoke"})
 
 _SAFE_CONTENT_TYPES = frozenset({"application/json", "application/x-msgpack", "application/x-yaml"})
 """Serializers a control broadcast may be decoded with: never pickle."""
+PICKLE_CONTENT_TYPE = "application/x-python-serialize"
 
 
 def parse_celery_time(value: object) -> datetime | None:
@@ -153,6 +155,8 @@ def amqp_route(exchange: str, routing_key: str) -> str:
 def revoked_ids(body: object, content_type: str | None, content_encoding: str | None) -> list[str]:
     """Task ids named by a ``revoke`` pidbox broadcast (empty for any other control message)."""
     if content_type not in _SAFE_CONTENT_TYPES or body is None:
+        if content_type == PICKLE_CONTENT_TYPE and b"revoke" in _as_bytes(body):
+            _warn_unread_revoke()
         return []
     try:
         data = _decode(body, content_type, content_encoding or "utf-8", accept=_SAFE_CONTENT_TYPES)
@@ -160,7 +164,7 @@ def revoked_ids(body: object, content_type: str | None, content_encoding: str | 
         return []
     if not isinstance(data, dict) or data.get("method") not in CONTROL_METHODS:
         return []
-    if data.get("destination"):
+    if data.get("destination") or data.get("pattern"):
         # Revoked on some workers only: the others would still run the task, so it stays parked.
         return []
     arguments = data.get("arguments") or {}
@@ -170,6 +174,21 @@ def revoked_ids(body: object, content_type: str | None, content_encoding: str | 
     if isinstance(ids, Iterable):
         return [item for item in ids if isinstance(item, str) and item]
     return []
+
+
+def _as_bytes(body: object) -> bytes:
+    if isinstance(body, str):
+        return body.encode("utf-8", "replace")
+    return bytes(body) if isinstance(body, bytes | bytearray | memoryview) else b""
+
+
+@functools.cache
+def _warn_unread_revoke() -> None:
+    logger.warning(
+        "delay_broker: a revoke broadcast is pickled (task_serializer='pickle'), which delay_broker never "
+        "unpickles: the parked tasks it names stay parked. Cancel them with delay_broker.celery.cancel(app, id), "
+        "or use a json or msgpack task_serializer"
+    )
 
 
 def with_eta(envelope: Envelope, due: datetime) -> Envelope:
