@@ -2,7 +2,7 @@
 
 A score is ``due_ms * FIFO_SLOTS + (sequence mod FIFO_SLOTS)``: messages due in the same millisecond are
 promoted in the order they were parked. Scores must stay below 2**53 to be exact as doubles, which bounds
-due times to :data:`MAX_DUE_MS` (the year 2248).
+due times to :data:`MAX_DUE_MS` (2248-09-26T15:10:22.207Z).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ def delay_to_ms(delay: object, unit: Literal["seconds", "milliseconds"] = "secon
     values and delays past :data:`MAX_DUE_MS`.
     """
     per_unit = 1000 if unit == "seconds" else 1
-    too_large = InvalidDelay("delay is too large: past the latest supported due time (year 2248)")
+    too_large = InvalidDelay("delay is too large: past the latest supported due time (2248-09-26T15:10:22Z)")
     if isinstance(delay, timedelta):
         millis = -(-(delay // timedelta(microseconds=1)) // 1000)
     elif isinstance(delay, bool) or not isinstance(delay, numbers.Real | Decimal):
@@ -72,7 +72,7 @@ def due_to_ms(due: datetime) -> int:
         raise InvalidDelay(f"due must be timezone-aware, got naive datetime {due.isoformat()}")
     millis = math.ceil(due.timestamp() * 1000)
     if millis > MAX_DUE_MS:
-        raise InvalidDelay(f"due time {due.isoformat()} is past the latest supported (year 2248)")
+        raise InvalidDelay(f"due time {due.isoformat()} is past the latest supported (2248-09-26T15:10:22Z)")
     return max(millis, 0)
 
 
