@@ -247,8 +247,8 @@ def test_disabled_adapter_leaves_celery_alone(redis_server: EmbeddedRedis, uniqu
 
 
 def test_prioritised_routes_follow_the_transport_separator(client: redis.Redis, namespace: str) -> None:
-    from delay_broker.celery.delivery import VirtualRepublisher, redis_priority_routes
-    from delay_broker.routes import AllowedRoutes, RouteBook
+    from delay_broker.celery.delivery import AllowedRoutes, VirtualRepublisher, redis_priority_routes
+    from delay_broker.celery.stores import RouteBook
 
     routes, sep = redis_priority_routes({"q"}, {"sep": ":", "priority_steps": [0, 5]})
     assert (routes, sep) == ({"q", "q:5"}, ":")
@@ -338,12 +338,12 @@ def test_bad_celery_schedules_are_refused_when_declared(app: Celery) -> None:
 def test_a_broker_that_cannot_be_reached_is_an_outage_not_a_failed_attempt(client: redis.Redis, namespace: str) -> None:
     # kombu reports it as its own OperationalError once its connection retries are spent: a promoter counting
     # that as a failed attempt dead-lettered every task due during a minute-long RabbitMQ restart.
-    from delay_broker.celery.delivery import AmqpRepublisher
+    from delay_broker.celery.delivery import AllowedRoutes, AmqpRepublisher
     from delay_broker.celery.messages import encode_amqp
+    from delay_broker.celery.stores import RouteBook
     from delay_broker.embedded import free_port
     from delay_broker.errors import TargetUnavailable
     from delay_broker.records import ClaimedMessage
-    from delay_broker.routes import AllowedRoutes, RouteBook
 
     url = f"amqp://guest:guest@127.0.0.1:{free_port()}//"  # nothing listens there
     allowed = AllowedRoutes({"celery"}, RouteBook(DelayStore(client, namespace=namespace)))

@@ -457,43 +457,6 @@ def test_a_pipeline_stage_for_a_queue_only_another_service_declares_goes_to_the_
     assert middleware.store.stats().parked == 0
 
 
-@pytest.mark.parametrize("direct", [True, False])
-def test_a_promoter_delivers_to_a_queue_only_the_producer_declares(
-    redis_server: Any, namespace: str, direct: bool
-) -> None:
-    """Fleets that declare different queues share a namespace (one service's producers, another's workers; a
-    rolling deploy adding a queue): the producer records the queue it parked for, and any promoter delivers
-    there, as plain Dramatiq would send it. A queue nobody declared or recorded is still refused."""
-    from dramatiq.brokers.redis import RedisBroker
-
-    def broker_with(queue: str) -> tuple[RedisBroker, DelayMiddleware]:
-        broker = RedisBroker(client=redis_server.client(), namespace=f"dq-{namespace}")  # type: ignore[no-untyped-call]
-        store_client = None if direct else redis_server.client()
-        middleware = DelayMiddleware(namespace=namespace, threshold=1, promote_in_workers=False, client=store_client)
-        broker.add_middleware(middleware)
-        dramatiq.actor(broker=broker, queue_name=queue, actor_name=f"on_{queue}")(lambda: None)
-        return broker, middleware
-
-    producer, _ = broker_with("emails")
-    worker, middleware = broker_with("main")
-    assert middleware.is_direct is direct
-    sent = producer.get_actor("on_emails").send_with_options(delay=1100)
-    crafted = Envelope("nobody", sent.encode(), framework="dramatiq", name="on_emails")
-    middleware.store.park("crafted", crafted, delay=1.1)
-    client = worker.client
-    try:
-        time.sleep(1.2)
-        build_promoter(worker).step()
-        assert client.llen(f"dq-{namespace}:emails") == 1, "delivered to the producer's queue"
-        dead = {info.id: info.error for info in middleware.store.list_messages("dead")}
-        assert list(dead) == ["crafted"] and "nobody" in (dead["crafted"] or "")
-    finally:
-        client.delete(*client.keys(f"dq-{namespace}:*"))
-        middleware.store.client.delete(*middleware.store.keys.all())
-        producer.close()
-        worker.close()
-
-
 @pytest.mark.parametrize(("configured", "expected"), [(None, 900), (3600, 900), (120, 120)])
 def test_sqs_threshold_defaults_to_and_never_exceeds_900_seconds(
     client: redis.Redis, configured: float | None, expected: int

@@ -13,10 +13,10 @@ from ..clock import delay_to_ms, ms_to_datetime
 from ..cron import CronScheduler
 from ..errors import ConfigurationError, InvalidDelay
 from ..promoter import Deliverer, DirectDeliverer, Promoter, PromoterListener
-from ..routes import AllowedRoutes, RouteBook
 from ..store import DelayStore, MessageInfo
 from .config import OPTIONS_KEY, CeleryOptions, Kind, check_threshold, kind_of_scheme, parse_options
 from .delivery import (
+    AllowedRoutes,
     AmqpRepublisher,
     RedisDirect,
     VirtualRepublisher,
@@ -26,7 +26,7 @@ from .delivery import (
 )
 from .messages import parse_celery_time, reschedule_parked
 from .schedules import occurrence_builder, schedules_of
-from .stores import REDIS_KINDS, check_store, same_redis, shared_store, store_client
+from .stores import REDIS_KINDS, RouteBook, check_store, same_redis, shared_store, store_client
 
 
 def app_options(app: Any, **overrides: Any) -> CeleryOptions:

@@ -9,7 +9,7 @@
   routing key with publisher confirms; at least once under the lease.
 
 Every deliverer sends only to routes the app declared (configuration) or that its producers recorded
-when parking (:class:`~delay_broker.routes.RouteBook`); anything else is dead-lettered.
+when parking (:class:`~.stores.RouteBook`); anything else is dead-lettered.
 """
 
 from __future__ import annotations
@@ -24,10 +24,10 @@ from kombu.transport import redis as kombu_redis
 
 from .. import sqs_errors
 from ..errors import DeliveryRefused, TargetUnavailable
-from ..routes import AllowedRoutes
 from ..store import ClaimedMessage
 from ..targets import ListTarget
 from .messages import amqp_route, decode_amqp, decode_virtual, parse_celery_time
+from .stores import RouteBook
 
 logger = logging.getLogger("delay_broker.celery")
 
@@ -65,6 +65,30 @@ def declared_amqp_routes(app: Any, queues: set[str]) -> set[str]:
         if exchange:
             routes.add(amqp_route(exchange, queue.routing_key or queue.name))
     return routes
+
+
+class AllowedRoutes:
+    """The declared routes plus those recorded by producers, re-read at most every ``refresh`` seconds."""
+
+    def __init__(self, static: set[str], book: RouteBook, refresh: float = 1.0) -> None:
+        self.static = frozenset(static)
+        self.book = book
+        self.refresh = refresh
+        self._cached: frozenset[str] = self.static
+        self._read_at = float("-inf")
+
+    def current(self, *, force: bool = False) -> frozenset[str]:
+        now = time.monotonic()
+        if force or now - self._read_at >= self.refresh:
+            self._cached = self.static | self.book.routes()
+            self._read_at = now
+        return self._cached
+
+    def __contains__(self, route: object) -> bool:
+        if route in self.current():
+            return True
+        # A route recorded a moment ago may not be in the cached copy yet.
+        return route in self.current(force=True)
 
 
 class RedisDirect:

@@ -14,11 +14,10 @@ from celery._state import get_current_task
 
 from ..envelope import Envelope
 from ..errors import DelayBrokerError, StoreUnavailable
-from ..routes import RouteBook
 from ..store import DelayStore
 from .config import CeleryOptions, Kind
 from .messages import TaskInfo
-from .stores import shared_store
+from .stores import RouteBook, shared_store
 
 logger = logging.getLogger("delay_broker.celery")
 

@@ -232,3 +232,23 @@ def shared_store(options: CeleryOptions, kind: Kind, conninfo: Any) -> DelayStor
             client = store_client(options, kind, conninfo)
             store = _shared[key] = DelayStore(client, **options.store_options())
         return store
+
+
+class RouteBook:
+    """The routes (queues) producers of this app parked for, kept by the store.
+
+    A promoter delivers only to routes the app declared in its configuration or recorded here by a
+    producer when it parked, so a stored envelope alone cannot send a message anywhere else.
+    """
+
+    def __init__(self, store: DelayStore) -> None:
+        self.store = store
+        self._recorded: set[str] = set()
+
+    def record(self, route: str) -> None:
+        if route not in self._recorded:
+            self.store.record_routes([route])
+            self._recorded.add(route)
+
+    def routes(self) -> set[str]:
+        return self.store.recorded_routes()

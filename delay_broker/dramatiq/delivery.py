@@ -19,7 +19,6 @@ from dramatiq.errors import DecodeError, QueueNotFound
 
 from .. import sqs_errors
 from ..errors import DeliveryRefused, TargetUnavailable
-from ..routes import AllowedRoutes
 from ..store import ClaimedMessage
 from ..targets import ListTarget
 
@@ -46,21 +45,17 @@ def redis_queue_target(namespace: str, queue_name: str) -> ListTarget:
 class RedisQueues:
     """A :class:`~delay_broker.promoter.DirectDeliverer` for a RedisBroker whose Redis holds the store.
 
-    Routes are the broker's declared queues and those producers of the namespace recorded (``allowed``),
-    read again on every cycle so queues declared or recorded later are served; a parked message for any other
-    queue is dead-lettered.
+    Routes are the broker's declared queues, read again on every cycle so queues declared later are
+    served; a parked message for any other queue is dead-lettered.
     """
 
-    def __init__(self, broker: dramatiq.Broker, allowed: AllowedRoutes) -> None:
+    def __init__(self, broker: dramatiq.Broker) -> None:
         self.broker = broker
-        self.allowed = allowed
         self._queues: frozenset[str] = frozenset()
         self._routes: dict[str, ListTarget] = {}
 
     def direct_routes(self) -> Mapping[str, ListTarget]:
-        # Recorded routes read on every cycle (one SMEMBERS): a route recorded a moment ago must not be
-        # dead-lettered by the script.
-        queues = frozenset(canonical_queues(self.broker)) | self.allowed.current(force=True)
+        queues = frozenset(canonical_queues(self.broker))
         if queues != self._queues:
             namespace = self.broker.namespace  # type: ignore[attr-defined]
             self._routes = {name: redis_queue_target(namespace, name) for name in sorted(queues)}
@@ -74,14 +69,11 @@ class BrokerDeliverer:
     Parameters:
       broker: the broker whose declared queues may be delivered to.
       enqueue: the broker's original ``enqueue`` (so a due message is not parked again).
-      allowed: the queues recorded by producers of the namespace, which may be delivered to as well
-        (RabbitmqBroker and RedisBroker enqueue to a queue they never declared; StubBroker refuses).
     """
 
-    def __init__(self, broker: dramatiq.Broker, enqueue: Enqueue, allowed: AllowedRoutes) -> None:
+    def __init__(self, broker: dramatiq.Broker, enqueue: Enqueue) -> None:
         self.broker = broker
         self.enqueue = enqueue
-        self.allowed = allowed
 
     def deliver(self, message: ClaimedMessage) -> None:
         outgoing = self.message_of(message)
@@ -99,9 +91,9 @@ class BrokerDeliverer:
         assert envelope is not None  # the promoter dead-letters corrupt envelopes before calling us
         if envelope.framework != FRAMEWORK:
             raise DeliveryRefused(f"not a Dramatiq message (framework {envelope.framework!r})")
-        # Same rule as the direct script: a stored message only reaches queues declared or recorded.
-        if envelope.route not in canonical_queues(self.broker) and envelope.route not in self.allowed:
-            raise DeliveryRefused(f"unknown queue {envelope.route!r}: not declared on this broker nor recorded")
+        # Same rule as the direct script: a stored message only reaches queues the application declared.
+        if envelope.route not in canonical_queues(self.broker):
+            raise DeliveryRefused(f"unknown queue {envelope.route!r}: not declared on this broker")
         try:
             message = dramatiq.Message.decode(envelope.payload)
         except DecodeError as error:

@@ -25,7 +25,6 @@ from ..errors import ConfigurationError, DelayBrokerError, InvalidDelay, StoreUn
 from ..keys import DEFAULT_NAMESPACE
 from ..operations import MessageFilter, Operations
 from ..promoter import Deliverer, DirectDeliverer, Promoter
-from ..routes import AllowedRoutes, RouteBook
 from ..schedule_defs import ScheduledCall
 from ..schedules import RuntimeSchedules
 from ..store import DelayStore, MessageInfo
@@ -112,7 +111,6 @@ class DelayMiddleware(dramatiq.Middleware):
         self._store_options = dict(store_options or {})
         self._own_store = redis_url is not None or client is not None
         self._store: DelayStore | None = None
-        self._routes: RouteBook | None = None
         if redis_url is not None:
             self._store = DelayStore.from_url(redis_url, namespace=namespace, **self._store_options)
         elif client is not None:
@@ -179,16 +177,6 @@ class DelayMiddleware(dramatiq.Middleware):
         return self._store
 
     @property
-    def routes(self) -> RouteBook:
-        """The queues this process parked for, recorded in the store: promoters of other processes that do not
-        declare them deliver there too."""
-        routes = self._routes
-        if routes is None:
-            with self._lock:
-                routes = self._routes = self._routes or RouteBook(self.store)
-        return routes
-
-    @property
     def threshold(self) -> timedelta:
         """The threshold in force (after the broker's native limit is applied)."""
         millis = self._effective_threshold_ms
@@ -238,7 +226,6 @@ class DelayMiddleware(dramatiq.Middleware):
             # brokers take it natively, where the QueueNotFound would be swallowed and the message lost.
             return self._fall_back(message, delay, error)
         try:
-            self.routes.record(parked.queue_name)
             self.store.park(parked.message_id, envelope, delay=timedelta(milliseconds=delay))
         except DelayBrokerError as error:
             if not _swallowed_by_dramatiq(message):
@@ -410,11 +397,10 @@ class DelayMiddleware(dramatiq.Middleware):
 
     def deliverer(self) -> Deliverer | DirectDeliverer:
         broker = self._installed()
-        allowed = AllowedRoutes(set(), self.routes)
         if self.is_direct:
-            return RedisQueues(broker, allowed)
+            return RedisQueues(broker)
         assert self._original_enqueue is not None
-        return BrokerDeliverer(broker, self._original_enqueue, allowed)
+        return BrokerDeliverer(broker, self._original_enqueue)
 
     def build_promoter(self, **overrides: Any) -> Promoter:
         """A promoter for this broker; ``overrides`` replace ``batch``, ``lease``, ``max_idle`` and so on."""
