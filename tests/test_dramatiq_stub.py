@@ -6,6 +6,7 @@ seconds, so the promoter thread started by the worker boot hook does the promoti
 
 from __future__ import annotations
 
+import logging
 import math
 import threading
 import time
@@ -348,6 +349,23 @@ def test_flushing_a_queue_drops_the_messages_parked_for_it(client: redis.Redis, 
     send(app, "again", delay=60_000)
     app.broker.flush_all()
     assert app.middleware.store.stats().parked == 0
+
+
+def test_a_flush_never_fails_on_the_store(caplog: pytest.LogCaptureFixture) -> None:
+    """Without a store nothing was parked; with its Redis down the broker's queues are flushed all the same."""
+    no_retry = RedisRetry(NoBackoff(), 0)
+    down = redis.Redis(port=free_port(), socket_connect_timeout=0.2, socket_timeout=0.2, retry=no_retry)
+    for middleware in (DelayMiddleware(), DelayMiddleware(client=down, threshold=1)):
+        broker = StubBroker()
+        broker.add_middleware(middleware)
+        actor = dramatiq.actor(broker=broker, queue_name="q", actor_name="a")(lambda: None)
+        actor.send_with_options(delay=500)  # below the threshold: held by the broker
+        actor.send()
+        with caplog.at_level(logging.WARNING, logger="delay_broker.dramatiq"):
+            broker.flush_all()
+        assert broker.queues["q"].qsize() == broker.queues["q.DQ"].qsize() == 0
+    warned = [record.getMessage() for record in caplog.records if "stay parked" in record.getMessage()]
+    assert len(warned) == 1 and warned[0].startswith("Flushing 'q': the messages parked for it stay parked")
 
 
 def test_one_middleware_per_broker(client: redis.Redis, namespace: str) -> None:

@@ -118,6 +118,8 @@ class DelayMiddleware(dramatiq.Middleware):
         self.broker: dramatiq.Broker | None = None
         self._original_enqueue: Enqueue | None = None
         self._original_flush: Callable[[str], None] | None = None
+        self._original_flush_all: Callable[[], None] | None = None
+        self._flushing_all = threading.local()
         self._effective_threshold_ms: int | None = None
         self._promoters: dict[int, Promoter] = {}
         self._schedules: dict[str, Schedule] = {}
@@ -151,8 +153,9 @@ class DelayMiddleware(dramatiq.Middleware):
                 )
             self._original_enqueue = broker.enqueue
             broker.enqueue = self._enqueue  # type: ignore[method-assign]
-            self._original_flush = broker.flush
+            self._original_flush, self._original_flush_all = broker.flush, broker.flush_all
             broker.flush = self._flush  # type: ignore[method-assign]
+            broker.flush_all = self._flush_all  # type: ignore[method-assign]
             self.broker = broker
 
     def after_declare_queue(self, broker: dramatiq.Broker, queue_name: str) -> None:
@@ -278,12 +281,37 @@ class DelayMiddleware(dramatiq.Middleware):
         return self._original_enqueue(message, delay=native)
 
     def _flush(self, queue_name: str) -> None:
-        """``broker.flush`` (and so ``flush_all``): the queue's messages, and those parked for it, which are its
-        delayed messages to the application. Test suites flush between tests; a parked message left behind
-        would run in a later one."""
+        """``broker.flush``: the queue's messages, and those parked for it, which are its delayed messages to
+        the application. Test suites flush between tests; a parked message left behind would run in a later
+        one."""
         assert self._original_flush is not None
         self._original_flush(queue_name)
-        Operations(self.store).cancel(filter=MessageFilter(queue=q_name(queue_name)))
+        if not getattr(self._flushing_all, "active", False):
+            self._cancel_parked_for({q_name(queue_name)})
+
+    def _flush_all(self) -> None:
+        """``broker.flush_all``: every declared queue, then what is parked for them, each queue scanned once
+        (the broker's own ``flush_all`` flushes delay queues by name too)."""
+        assert self._original_flush_all is not None and self.broker is not None
+        self._flushing_all.active = True
+        try:
+            self._original_flush_all()
+        finally:
+            self._flushing_all.active = False
+        self._cancel_parked_for(canonical_queues(self.broker))
+
+    def _cancel_parked_for(self, queues: set[str]) -> None:
+        # A flush must not fail on the store: without one nothing was parked, and with Redis down the
+        # broker's queues are flushed all the same and the parked messages are said to stay.
+        try:
+            operations = Operations(self.store)
+        except ConfigurationError:
+            return
+        for queue in sorted(queues):
+            try:
+                operations.cancel(filter=MessageFilter(queue=queue))
+            except DelayBrokerError as error:
+                logger.warning("Flushing %r: the messages parked for it stay parked (%s).", queue, error)
 
     # -- managing parked messages ----------------------------------------------------------------------
 
