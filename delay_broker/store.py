@@ -562,13 +562,18 @@ class DelayStore:
             envelope = dataclasses.replace(envelope, extra=extra)
         return envelope.encode(int(time.time() * 1000), self.record_version)
 
-    def withdraw(self, id: str) -> bool:
-        """After a park raised :class:`StoreUnavailable` (:class:`NotReplicated`, or a call sent that got no
-        answer), before the message is sent some other way: take back a copy the store may hold (a failover may
-        lose it, or it may run: either way not beside the other copy). False when it is already being promoted,
-        and so runs from the store. True too when Redis cannot be asked: nothing more can be done."""
+    def withdraw(self, id: str, payload: bytes) -> bool:
+        """After a park of ``payload`` under ``id`` raised :class:`StoreUnavailable` (:class:`NotReplicated`,
+        or a call sent that got no answer), before the message is sent some other way: take back a copy the
+        store may hold (a failover may lose it, or it may run: either way not beside the other copy). False when
+        that copy is already being promoted, and so runs from the store. True otherwise, also when the copy
+        being promoted is another message of the same id (a retry reuses its message's id, and the run it
+        retries may still be in flight), and when Redis cannot be asked: nothing more can be done."""
         try:
-            return self.cancel(id) or self.get(id) is None
+            if self.cancel(id):
+                return True
+            info = self.get(id)
+            return info is None or info.envelope is None or info.envelope.payload != payload
         except NotReplicated:
             return True  # removed on the master, unconfirmed like the park it takes back
         except DelayBrokerError:

@@ -547,3 +547,16 @@ def test_an_id_given_twice_to_cancel_is_counted_once(store):
     assert store.cancel_each(["a", "b", "a"]) == [True, False, False]
     store.park("a", envelope(), delay=60)
     assert store.cancel_many(["a", "a"]) == 1 and store.get("a") is None
+
+
+def test_withdraw_takes_back_its_own_copy_but_never_stops_a_retry_of_a_run_in_flight(store):
+    # After a park that raised StoreUnavailable, the adapters ask whether to send the message some other way.
+    store.park("job", envelope(b"unconfirmed"), delay=3600)
+    assert store.withdraw("job", b"unconfirmed") is True and store.get("job") is None, "taken back: send it"
+    store.park("run", envelope(b"run 1"), delay=0)
+    claim = store.claim(10, 30, "p")
+    assert [message.id for message in claim.messages] == ["run"]
+    assert store.withdraw("run", b"run 1") is False, "this very message is being promoted: it runs from there"
+    # A retry reuses its message's id while the run it retries may still be in flight: that is not its copy.
+    assert store.withdraw("run", b"run 2, the retry") is True
+    assert store.get("run").state == "inflight"

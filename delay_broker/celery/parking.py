@@ -88,7 +88,7 @@ class Parker:
             sender = get_current_task()
             if sender is None:
                 raise
-            if isinstance(error, StoreUnavailable) and not self.store.withdraw(info.id):
+            if isinstance(error, StoreUnavailable) and not self.store.withdraw(info.id, payload):
                 return True  # already being promoted: it runs from the store, once
             logger.error(
                 "delay_broker: could not park %s[%s], sent from task %s[%s] (%s): published to the broker with "

@@ -235,7 +235,7 @@ class DelayMiddleware(dramatiq.Middleware):
                 raise  # the caller sees it and decides
             # Any store failure (down, read-only replica, out of memory, no permission, payload too large):
             # an exception from a retry or a pipeline's next stage is swallowed by Dramatiq, the message lost.
-            if isinstance(error, StoreUnavailable) and not self.store.withdraw(parked.message_id):
+            if isinstance(error, StoreUnavailable) and not self.store.withdraw(parked.message_id, envelope.payload):
                 return parked  # already being promoted: the store delivers it
             return self._fall_back(message, delay, error)
         logger.debug("Parked message %s for %r for %d ms.", parked.message_id, parked.queue_name, delay)
