@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import base64
 import dataclasses
-import functools
+import itertools
 import logging
+import pickletools
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -155,8 +156,12 @@ def amqp_route(exchange: str, routing_key: str) -> str:
 def revoked_ids(body: object, content_type: str | None, content_encoding: str | None) -> list[str]:
     """Task ids named by a ``revoke`` pidbox broadcast (empty for any other control message)."""
     if content_type not in _SAFE_CONTENT_TYPES or body is None:
-        if content_type == PICKLE_CONTENT_TYPE and b"revoke" in _as_bytes(body):
-            _warn_unread_revoke()
+        if content_type == PICKLE_CONTENT_TYPE and _pickled_method(_as_bytes(body)) in CONTROL_METHODS:
+            logger.warning(
+                "delay_broker: a revoke broadcast is pickled (task_serializer='pickle'), which delay_broker never "
+                "unpickles: the parked tasks it names stay parked. Cancel them with delay_broker.celery.cancel(app, "
+                "id), or use a json or msgpack task_serializer"
+            )
         return []
     try:
         data = _decode(body, content_type, content_encoding or "utf-8", accept=_SAFE_CONTENT_TYPES)
@@ -182,13 +187,17 @@ def _as_bytes(body: object) -> bytes:
     return bytes(body) if isinstance(body, bytes | bytearray | memoryview) else b""
 
 
-@functools.cache
-def _warn_unread_revoke() -> None:
-    logger.warning(
-        "delay_broker: a revoke broadcast is pickled (task_serializer='pickle'), which delay_broker never "
-        "unpickles: the parked tasks it names stay parked. Cancel them with delay_broker.celery.cancel(app, id), "
-        "or use a json or msgpack task_serializer"
-    )
+def _pickled_method(body: bytes) -> str | None:
+    """The ``method`` of a pickled control broadcast, read from its opcodes: pickletools only disassembles,
+    nothing is unpickled."""
+    strings: list[str] = []
+    try:
+        for _, argument, _ in pickletools.genops(body):
+            if isinstance(argument, str):
+                strings.append(argument)
+    except Exception:  # not a pickle after all: nothing to say about it
+        return None
+    return next((value for key, value in itertools.pairwise(strings) if key == "method"), None)
 
 
 def with_eta(envelope: Envelope, due: datetime) -> Envelope:
