@@ -826,8 +826,9 @@ class DelayStore:
         on_conflict: OnConflict,
         results: list[ParkResult | None],
     ) -> None:
-        """Park in Redis, replacing (or keeping) a row of the same id."""
+        """Park in Redis (``chunk``: up to 1,000 ids of one shard), replacing (or keeping) a row of the same id."""
         assert self._far is not None
+        shard = self.shard_for(encoded[chunk[0]][0])
         with self._far.parking([encoded[n][0] for n in chunk]) as rows:
             if on_conflict == "keep":
                 held = rows.due_times([encoded[n][0] for n in chunk])
@@ -835,13 +836,12 @@ class DelayStore:
                     if encoded[n][0] in held:
                         results[n] = ParkResult(encoded[n][0], held[encoded[n][0]], "kept")
                 chunk = [n for n in chunk if results[n] is None]
-                parked = self._park_encoded([encoded[n] for n in chunk], on_conflict) if chunk else []
+                parked = self._park(shard, [encoded[n] for n in chunk], on_conflict) if chunk else []
                 replaced: dict[str, int] = {}
             else:
                 # Deleted in a transaction committed only once the park in Redis is done: a park that fails
                 # leaves the rows as they were. The park records the rows' tokens as moved in: if the commit
                 # then fails, the rows it leaves are never moved into Redis beside the new copy.
-                shard = self.shard_for(encoded[chunk[0]][0])
                 with rows.deleted([encoded[n][0] for n in chunk]) as replaced:
                     parked = self._park(shard, [encoded[n] for n in chunk], on_conflict, retire=list(replaced.values()))
                 if replaced:

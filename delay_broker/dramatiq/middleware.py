@@ -222,21 +222,15 @@ class DelayMiddleware(dramatiq.Middleware):
         plain: AnyMessage = getattr(message, "_message", message)  # unwrap a MessageProxy
         try:
             parked, envelope = self._envelope(plain)
-        except QueueNotFound as error:
-            if not _swallowed_by_dramatiq(message):
-                raise
-            # A pipeline stage or retry for a queue only another service declares: Redis and RabbitMQ
-            # brokers take it natively, where the QueueNotFound would be swallowed and the message lost.
-            return self._fall_back(message, delay, error)
-        try:
             self.store.park(parked.message_id, envelope, delay=timedelta(milliseconds=delay))
-        except DelayBrokerError as error:
+        except (QueueNotFound, DelayBrokerError) as error:
             if not _swallowed_by_dramatiq(message):
                 raise  # the caller sees it and decides
-            # Any store failure (down, read-only replica, out of memory, no permission, payload too large):
-            # an exception from a retry or a pipeline's next stage is swallowed by Dramatiq, the message lost.
+            # Any store failure (down, read-only replica, out of memory, no permission, payload too large), or a
+            # queue only another service declares (Redis and RabbitMQ brokers take it natively): an exception
+            # from a retry or a pipeline's next stage is swallowed by Dramatiq, the message lost.
             if isinstance(error, StoreUnavailable) and not self.store.withdraw(parked.message_id, envelope.payload):
-                return parked  # already being promoted: the store delivers it
+                return parked  # already being promoted: the store delivers it (only the park raises this)
             return self._fall_back(message, delay, error)
         logger.debug("Parked message %s for %r for %d ms.", parked.message_id, parked.queue_name, delay)
         return parked
