@@ -9,7 +9,7 @@ import sys
 from delay_broker.embedded import redis_executable
 
 
-def run_demo(*args: str) -> dict[str, list[str]]:
+def run_demo(*args: str, private: bool = True) -> dict[str, list[str]]:
     result = subprocess.run(
         [sys.executable, "-c", "from delay_broker.cli import main; main()", "demo", *args],
         capture_output=True,
@@ -17,7 +17,7 @@ def run_demo(*args: str) -> dict[str, list[str]]:
         timeout=180,
     )
     assert result.returncode == 0, result.stdout + result.stderr
-    assert "private redis-server" in " ".join(result.stdout.split())
+    assert ("private redis-server" in " ".join(result.stdout.split())) == private
     rows = {}
     for line in result.stdout.splitlines():
         cells = [cell.strip() for cell in line.strip("│ ").split("│")]
@@ -31,6 +31,16 @@ def test_dramatiq_demo_runs_every_message_once_with_and_without_delay_broker():
     assert rows["executed"] == ["300", "300"]
     assert rows["duplicates"][0] == "0" and rows["lost"][0] == "0"
     assert rows["worker memory growth"][0].endswith("MB")
+
+
+def test_the_demo_on_a_given_redis_removes_what_it_wrote(redis_server, client):
+    def demo_keys() -> list[bytes]:
+        return [key for key in client.scan_iter() if b"demo-" in key]
+
+    assert demo_keys() == []
+    rows = run_demo("--redis-url", redis_server.url, "--messages", "50", private=False)
+    assert rows["executed"] == ["50", "50"]
+    assert demo_keys() == []
 
 
 def test_lists_demo_parks_promotes_and_counts_no_duplicates_or_losses():

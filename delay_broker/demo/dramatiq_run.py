@@ -207,8 +207,18 @@ def run_dramatiq_demo(
             _stop_worker(side)
     for side in (ours, plain):
         _collect(client, side)
-        client.delete(results_key(side.namespace), boot_key(side.namespace))
+    _remove_demo_keys(client, ours, plain)
     return DramatiqDemoReport(messages, ours, plain, time.monotonic() - started)
+
+
+def _remove_demo_keys(client: redis.Redis, *sides: Side) -> None:
+    """Delete what the demo wrote: on a Redis given with --redis-url the keys would stay for good. The
+    namespaces are this run's own, so every key under them is the demo's."""
+    for side in sides:
+        keys = list(client.scan_iter(match=f"{side.namespace}:*"))  # results, the RedisBroker's queues
+        if side.park:
+            keys += DelayStore(client, namespace=side.namespace).keys.all()
+        client.delete(*keys)
 
 
 def _sample(
