@@ -8,6 +8,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from types import TracebackType
@@ -36,6 +37,20 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def dying_with_this_process(command: list[str]) -> list[str]:
+    """``command`` run so that the kernel kills it when this process dies without cleaning up (SIGKILL, an
+    out-of-memory kill), where util-linux's ``setpriv`` is installed: a server that outlived its owner would
+    hold its port and temporary directory for good.
+
+    Only from the main thread: the kernel sends the signal when the *thread* that started the process ends,
+    and a helper thread that restarts a server (a chaos test) would take it down with it when it finishes.
+    """
+    setpriv = shutil.which("setpriv")
+    if setpriv is None or threading.current_thread() is not threading.main_thread():
+        return command
+    return [setpriv, "--pdeathsig", "KILL", *command]
 
 
 class EmbeddedRedis:
@@ -79,7 +94,9 @@ class EmbeddedRedis:
             "--logfile", str(self.directory / "redis.log"),
             *self.extra_args,
         ]  # fmt: skip
-        self.process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.process = subprocess.Popen(
+            dying_with_this_process(command), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+        )
         self._wait_ready()
         return self
 

@@ -9,8 +9,9 @@ of its own and recorded in a module-level registry, so it is stopped
 - on SIGTERM too: the first server started installs a SIGTERM handler that raises KeyboardInterrupt, so pytest
   tears its fixtures down as on Ctrl-C (Python's default would die without running ``atexit``),
 - and, where util-linux's ``setpriv`` is installed, by the kernel when the Python process dies without any
-  clean-up at all (SIGKILL): each server is started with ``setpriv --pdeathsig KILL``. The directories such a
-  run leaves are removed by the next run (each holds its owner's pid; only those of dead owners go).
+  clean-up at all (SIGKILL): each server started from the main thread runs under ``setpriv --pdeathsig KILL``
+  (see ``dying_with_this_process``). The directories such a run leaves are removed by the next run (each holds
+  its owner's pid; only those of dead owners go).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from typing import Any
 import redis
 from redis.cluster import RedisCluster
 
-from delay_broker.embedded import free_port, redis_executable
+from delay_broker.embedded import dying_with_this_process, free_port, redis_executable
 from tests.helpers import wait_for
 
 HOST = "127.0.0.1"
@@ -169,10 +170,7 @@ class ServerProcess:
     def start(self, timeout: float = 20.0) -> ServerProcess:
         install_handlers()
         self.directory.mkdir(parents=True, exist_ok=True)
-        command = [_executable("redis-server"), *self.arguments]
-        setpriv = shutil.which("setpriv")
-        if setpriv is not None:
-            command = [setpriv, "--pdeathsig", "KILL", *command]
+        command = dying_with_this_process([_executable("redis-server"), *self.arguments])
         with open(self.directory / "stderr.log", "ab") as stderr:
             self.process = subprocess.Popen(
                 command,

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import os
+import shutil
+import signal
 import subprocess
 import sys
 
 from delay_broker.embedded import redis_executable
+from tests.helpers import wait_for
 
 
 def run_demo(*args: str, private: bool = True) -> dict[str, list[str]]:
@@ -61,3 +64,35 @@ def test_a_redis_server_outside_the_virtualenv_is_preferred(tmp_path, monkeypatc
     assert redis_executable() == str(system / "redis-server")
     monkeypatch.setenv("PATH", str(venv / "bin"))
     assert redis_executable() == str(venv / "bin" / "redis-server"), "the virtualenv's own is used when alone"
+
+
+def test_a_private_redis_server_dies_with_the_process_that_started_it():
+    # SIGKILL runs no clean-up: without the kernel's help the server would hold its port and directory for good.
+    owner = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import time\nfrom delay_broker.embedded import EmbeddedRedis\nserver = EmbeddedRedis().start()\n"
+            "print(server.process.pid, server.directory, flush=True)\ntime.sleep(120)",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert owner.stdout is not None
+    pid, directory = owner.stdout.readline().split()
+    try:
+        owner.kill()
+        owner.wait(10)
+        wait_for(lambda: not _alive(int(pid)), 10, "redis-server outlived the process that started it")
+    finally:
+        if _alive(int(pid)):
+            os.kill(int(pid), signal.SIGKILL)
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as stat:
+            return stat.read().split(") ")[1][0] != "Z"  # a zombie has exited, its parent gone
+    except FileNotFoundError:
+        return False
