@@ -371,11 +371,11 @@ class DelayStore:
         the slot map is read again and the call made once more: the per-node client cannot follow ``MOVED``."""
         try:
             return call(self._shard_client(space))
-        except (redis.exceptions.AskError, redis.ConnectionError, redis.TimeoutError):
+        except (redis.exceptions.AskError, redis.ConnectionError, redis.TimeoutError) as error:
             if not self.cluster:
                 raise
             self.client.nodes_manager.initialize()  # type: ignore[union-attr]
-            return call(self._shard_client(space))
+            return call(self._moved_to(error) or self._shard_client(space))
         except redis.ResponseError as error:
             # The node the slot map named is a replica now (a clean CLUSTER FAILOVER leaves it up): nothing
             # redirects a WAIT, so the map is read again here. The write before the WAIT may have been made:
@@ -383,6 +383,14 @@ class DelayStore:
             if self.cluster and no_longer_master(error):
                 self.client.nodes_manager.initialize()  # type: ignore[union-attr]
             raise
+
+    def _moved_to(self, error: Exception) -> redis.Redis | None:
+        """A client of the node a ``MOVED`` reply names. Right after a reshard the node asked for the slot map
+        may not know of the move yet, and the map it gives sends the call back to the slot's old owner."""
+        if not isinstance(error, redis.exceptions.MovedError):
+            return None  # an ASK target serves only calls preceded by ASKING: the slot map's owner is asked
+        node = self.client.get_node(host=error.host, port=error.port)  # type: ignore[union-attr]
+        return None if node is None else self.client.get_redis_connection(node)  # type: ignore[union-attr]
 
     def _run_replicated(self, name: str, space: Keyspace, keys: list[str], args: Sequence[Any]) -> Any:
         return self._replicated(name, space, lambda pipe: self._scripts[name](keys=keys, args=args, client=pipe))

@@ -233,6 +233,44 @@ def test_wait_after_write_goes_to_the_shard_s_own_master(redis_cluster: RedisClu
         durable.client.close()
 
 
+def test_a_durable_write_follows_moved_when_the_slot_map_it_reads_again_is_stale(
+    redis_cluster: RedisClusterServers, namespace: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Right after a reshard the node asked for the slot map may not know of the move yet (redis-cli reported
+    "Nodes don't agree" between moves): a durable write must go where the MOVED reply says, not back to the
+    slot's old owner. The stale answer is made certain here by keeping the client's map as it was."""
+    # No replicas in this cluster: a write that reached the slot's master ends in NotReplicated, not WrongNode.
+    store = DelayStore.from_url(redis_cluster.url, namespace=namespace, shards=3, replicas=1, replica_timeout=0.05)
+    key = store.shards[1].due
+    before, after = [id for id in (f"job-{n}" for n in range(100)) if store.shard_for(id) == 1][:2]
+    with pytest.raises(NotReplicated):
+        store.park(before, envelope(), delay=60)
+    old = redis_cluster.node_of_key(key)
+    new = (old + 1) % len(redis_cluster.ports)
+    monkeypatch.setattr(store.client.nodes_manager, "initialize", lambda *args, **kwargs: None)
+    _move_slot(redis_cluster, key_slot(key.encode()), old, new)
+    try:
+        with pytest.raises(NotReplicated):
+            store.park(after, envelope(), delay=60)
+        assert redis_cluster.node_client(new).zscore(key, after) is not None
+    finally:
+        _move_slot(redis_cluster, key_slot(key.encode()), new, old)
+        store.client.close()
+
+
+def _move_slot(cluster: RedisClusterServers, slot: int, source: int, target: int) -> None:
+    """Move ``slot`` and its keys from node ``source`` to node ``target``, as redis-cli --cluster reshard does."""
+    nodes = [cluster.node_client(index) for index in range(len(cluster.ports))]
+    ids = [node.execute_command("CLUSTER MYID") for node in nodes]
+    nodes[target].execute_command("CLUSTER SETSLOT", slot, "IMPORTING", ids[source])
+    nodes[source].execute_command("CLUSTER SETSLOT", slot, "MIGRATING", ids[target])
+    while keys := nodes[source].execute_command("CLUSTER GETKEYSINSLOT", slot, 100):
+        nodes[source].execute_command("MIGRATE", "127.0.0.1", cluster.ports[target], "", 0, 5000, "KEYS", *keys)
+    for node in nodes:
+        node.execute_command("CLUSTER SETSLOT", slot, "NODE", ids[target])
+        node.close()
+
+
 def test_promoters_go_on_after_a_clean_failover_of_a_master(namespace: str) -> None:
     """A CLUSTER FAILOVER leaves the old master up, as a replica. Durable writes (replicas=1) end with a WAIT,
     which nothing redirects from it: the slot map must be read again, and promotion go on by itself."""
