@@ -12,9 +12,9 @@ import random
 import threading
 import time
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, TypeVar, runtime_checkable
 
 from . import tracing
 from .errors import ConfigurationError, DelayBrokerError, DeliveryRefused, StoreError, TargetUnavailable
@@ -26,6 +26,8 @@ if TYPE_CHECKING:
     from .cron import CronScheduler
 
 logger = logging.getLogger("delay_broker.promoter")
+
+T = TypeVar("T")
 
 BLOCKING_SLACK = 0.12
 """Seconds before a due time at which a sleeping promoter stops blocking in Redis and sleeps locally."""
@@ -400,7 +402,9 @@ class Promoter:
             # lease (its expiry counts as an attempt); delivered ones waiting out theirs are merely delivered
             # again.
             if outcome.failures:
-                outcomes: list[str] = self.store.nack(deadline_ms, outcome.failures, shard=claim.shard)
+                outcomes: list[str] = self._while_leased(
+                    renewal, lambda: self.store.nack(deadline_ms, outcome.failures, shard=claim.shard)
+                )
                 self.counters.retried += outcomes.count("retried")
                 buried += [
                     (id, reason)
@@ -411,7 +415,7 @@ class Promoter:
             # Delivered is delivered: acknowledged even when giving the others back failed, or they would be
             # delivered again once their lease ran out.
             if outcome.delivered:
-                self.store.ack(deadline_ms, outcome.delivered, shard=claim.shard)
+                self._while_leased(renewal, lambda: self.store.ack(deadline_ms, outcome.delivered, shard=claim.shard))
         for id, reason in buried:
             logger.warning("Promoter %s: dead-lettered %s: %s", self.id, id, reason)
         if buried:
@@ -419,6 +423,21 @@ class Promoter:
         self._promoted(outcome.lateness, len(buried), outcome.by_task)
         if outcome.outage is not None:
             raise outcome.outage
+
+    def _while_leased(self, renewal: LeaseRenewal, settle: Callable[[], T]) -> T:
+        """``settle`` (the ack or nack of a claim), tried again while its lease holds. Given up at once, a
+        Redis blip (a slot in migration answering TRYAGAIN, a failover) made every delivered message of the
+        batch run again once its lease ran out, and counted it an attempt: dead-lettered at max_attempts."""
+        pause = 0.05
+        while True:
+            try:
+                return settle()
+            except StoreError as error:
+                if time.monotonic() + pause >= renewal.held_until():
+                    raise
+                logger.debug("Promoter %s: settling a claim failed, trying again: %s", self.id, error)
+                time.sleep(pause)
+                pause = min(pause * 2, 1.0)
 
     def _deliver_each(self, claim: Claim, renewal: LeaseRenewal) -> _Deliveries:
         """Deliver the claim's messages one by one; what became of each."""

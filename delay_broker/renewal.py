@@ -46,6 +46,11 @@ class LeaseRenewal:
         (past it, should renewals have failed, another promoter may take the messages again)."""
         return self._renewed_at + self._lease * 0.8
 
+    def held_until(self) -> float:
+        """The monotonic time until which the lease holds for sure (from the claim or its last renewal, with a
+        margin for the clocks of Redis and this host), after which another promoter may take the messages."""
+        return self._renewed_at + self._lease * 0.9
+
     def stop(self) -> int:
         """Stop renewing; returns the lease deadline to acknowledge with (it changes at every renewal)."""
         self._stopping.set()
