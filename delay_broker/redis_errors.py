@@ -86,7 +86,7 @@ def translate(error: redis.RedisError | RedisClusterException, doing: str) -> De
     if isinstance(error, MasterNotFoundError):
         return StoreUnavailable(f"Redis unavailable during {doing}: {_sentinels_said(text)}")
     if isinstance(error, (redis.ConnectionError, redis.TimeoutError)):
-        return StoreUnavailable(f"Redis unavailable during {doing}: {text}")
+        return StoreUnavailable(f"Redis unavailable during {doing}: {text}{_password_hint(text)}")
     if no_longer_master(error):
         return StoreUnavailable(f"Redis unavailable during {doing}: the master became a replica (failover): {text}")
     if isinstance(error, RedisClusterException):
@@ -118,6 +118,19 @@ def _sentinels_said(text: str) -> str:
     if "AuthenticationError" in text or "NOAUTH" in text or "WRONGPASS" in text:
         text += " (the Sentinels want a password of their own: add ?sentinel_password=... to the URL)"
     return text
+
+
+_WANTS_PASSWORD = re.compile(r"Authentication required|NOAUTH|HELLO must be called with the client already auth")
+
+
+def _password_hint(text: str) -> str:
+    """Where a missing password goes: through Sentinel, redis-py 5+ says only that HELLO wants one."""
+    if not _WANTS_PASSWORD.search(text):
+        return ""
+    return (
+        " (the Redis server wants a password: put it in the URL, redis://:PASSWORD@host:port/0, or "
+        "redis+sentinel://:PASSWORD@sentinel:port/service/0 for a master behind Sentinels)"
+    )
 
 
 def _refused(code: str, doing: str, text: str) -> StoreRefused:

@@ -92,3 +92,18 @@ def test_a_unix_socket_url_reaches_the_store(tmp_path) -> None:
         store.park("job", Envelope(route="ready", payload=b"x"), delay=60)
         assert store.get("job") is not None and store.stats().parked == 1
         assert server.client().exists(store.keys.due)
+
+
+def test_a_server_that_wants_a_password_the_url_lacks_says_where_it_goes() -> None:
+    from delay_broker import DelayStore, StoreUnavailable
+    from delay_broker.embedded import EmbeddedRedis
+    from delay_broker.redis_errors import translate
+
+    with EmbeddedRedis() as server:
+        server.client().config_set("requirepass", "secret")
+        with pytest.raises(StoreUnavailable, match=r"wants a password: put it in the URL, redis://:PASSWORD@"):
+            DelayStore.from_url(server.url, namespace="pw").stats()
+        assert DelayStore.from_url(f"redis://:secret@127.0.0.1:{server.port}/0", namespace="pw").stats().parked == 0
+    # Through Sentinel, redis-py 5+ reports only that HELLO needs an authenticated client.
+    hello = redis.AuthenticationError("HELLO must be called with the client already authenticated, otherwise ...")
+    assert "redis+sentinel://:PASSWORD@" in str(translate(hello, "parking"))
