@@ -88,6 +88,10 @@ def iso_time(ms: int | None) -> str | None:
 
 
 def due_of_score(score: float) -> int:
+    # Scripts never write an infinite score, but one planted by hand (ZADD due -inf id) must not break every
+    # claim and listing that meets it: it reads as due at the epoch (-inf) or at the latest due time (+inf).
+    if not math.isfinite(score):
+        return 0 if score < 0 else MAX_DUE_MS
     return int(score) // FIFO_SLOTS
 
 

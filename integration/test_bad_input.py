@@ -341,6 +341,20 @@ def test_an_id_that_is_not_utf8_does_not_hold_up_its_batch(world_on_path: World,
     world.assert_still_promoting()
 
 
+def test_a_due_score_of_minus_infinity_is_promoted_with_its_batch(world_on_path: World, path: str) -> None:
+    # Only a hand-made ZADD writes one: it is due (before everything), and it must not hold up its batch. Every
+    # claim that met it used to raise after leasing the batch, until all of it was dead-lettered.
+    world = world_on_path
+    world.store.park_many([ParkRequest(f"ok-{n}", Envelope(route="ready", payload=b"ok"), delay=0) for n in range(5)])
+    world.client.hset(world.keys.msg, "minus-inf", Envelope(route="ready", payload=b"odd score").encode(parked_at_ms=1))
+    world.client.zadd(world.keys.due, {"minus-inf": float("-inf")})
+    world.store.list_messages("due")  # listed as due at the epoch, if not yet promoted: no error either way
+    wait_for(lambda: world.delivered().count(b"ok") == 5, what="the good messages of the same batch delivered")
+    wait_for(lambda: b"odd score" in world.delivered(), what="the message with the odd score delivered")
+    assert world.store.stats().dead == 0 and world.promoter.counters.errors == 0
+    world.assert_still_promoting()
+
+
 @pytest.mark.parametrize("spoiled", ["attempts", "leased"])
 def test_a_spoiled_lease_record_is_dead_lettered_and_its_batch_delivered(redis_server: EmbeddedRedis, spoiled: str):
     # A lease that ran out, its attempts count or due score not a number: giving it back used to fail half-way
