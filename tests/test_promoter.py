@@ -23,6 +23,7 @@ from delay_broker import (
     ListTarget,
     ParkRequest,
     Promoter,
+    StoreFull,
     StoreUnavailable,
     TargetUnavailable,
 )
@@ -260,6 +261,27 @@ def test_a_publish_slower_than_the_lease_keeps_it_and_runs_once(redis_server, na
     assert Counter(deliverer.delivered) == Counter(ids), "each once: the stuck holder renewed its lease"
     stats = store.stats()
     assert stats.dead == 0 and stats.counters.get("retried", 0) == 0
+
+
+def test_a_publish_slower_than_the_lease_keeps_it_while_redis_is_full(namespace):
+    # Over maxmemory Redis refuses a script's first write that may grow memory: a renewal refused there let the
+    # other promoter deliver the message again, and again, until it was dead-lettered.
+    with EmbeddedRedis(["--maxmemory", "3mb", "--maxmemory-policy", "noeviction"]) as server:
+        store = DelayStore(server.client(), namespace=namespace, max_attempts=3)
+        ids = park_now(store, 1)
+        with pytest.raises(StoreFull):
+            for n in range(100_000):
+                store.park(f"filler-{n}", envelope(b"f" * 1000), delay=3600)
+        deliverer = SlowFirstPublish(seconds=3.5)
+        promoters = [Promoter(store, deliverer, batch=1, max_idle=0.1, lease=1.0).start() for _ in range(2)]
+        try:
+            wait_for(lambda: deliverer.delivered and store.stats().inflight == 0, timeout=20, what="delivered")
+            time.sleep(1.5)  # a lease's worth more: a second delivery would show
+        finally:
+            for promoter in promoters:
+                promoter.stop()
+        assert deliverer.delivered == ids, "once: its holder renewed the lease although Redis is full"
+        assert store.stats().dead == 0
 
 
 def test_a_retry_comes_after_its_backoff_not_after_the_promoters_sleep(redis_server, namespace):

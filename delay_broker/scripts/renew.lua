@@ -17,12 +17,19 @@ local renewed = now_ms() + tonumber(ARGV[2])
 if renewed <= deadline then
     renewed = deadline + 1  -- always a new token, even with a clock that stepped back
 end
-local count = 0
+local held = {}
 for i = 3, #ARGV do
     local score = redis.call('ZSCORE', INFLIGHT, ARGV[i])
     if score and tonumber(score) == deadline then
-        redis.call('ZADD', INFLIGHT, 'XX', renewed, ARGV[i])
-        count = count + 1
+        held[#held + 1] = ARGV[i]
     end
 end
-return {renewed, count}
+-- Removed, then added with the new deadline: over maxmemory Redis refuses a script's first write only if it
+-- may grow memory (ZADD may), and a renewal refused while Redis is full let other promoters deliver again.
+for _, id in ipairs(held) do
+    redis.call('ZREM', INFLIGHT, id)
+end
+for _, id in ipairs(held) do
+    redis.call('ZADD', INFLIGHT, renewed, id)
+end
+return {renewed, #held}
