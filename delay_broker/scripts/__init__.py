@@ -1,7 +1,8 @@
 """The store's Lua scripts, one ``.lua`` file each, loaded with the key names and shared helpers they use.
 
 Each script is sent as: the prelude naming a shard's keys (generated from :data:`delay_broker.keys.SCRIPT_KEYS`,
-so the key order is written down once), the helpers of ``_lib.lua`` it uses, then the script itself. Only the
+so the key order is written down once), for a script that checks its permissions the commands it calls, the
+helpers of ``_lib.lua`` it uses, then the script itself. Only the
 helpers a script uses (and those they use) are sent: Redis runs the whole text at every call, and defining
 every helper each time cost a park about 4 us of server time.
 """
@@ -44,7 +45,20 @@ def source(name: str) -> str:
     if name not in NAMES:
         raise KeyError(f"no script named {name!r}")
     body = _read(f"{name}.lua")
-    return lua_key_names() + "".join(_helpers_used_by(body)) + "\n" + body
+    helpers = "".join(_helpers_used_by(body))
+    return lua_key_names() + _commands_line(helpers + body) + helpers + "\n" + body
+
+
+_COMMAND_CALL = re.compile(r"redis\.p?call\('([A-Z]+)'")
+
+
+def _commands_line(text: str) -> str:
+    """``SCRIPT_COMMANDS``, the commands a script (with its helpers) may call, for ``denied_command`` in
+    ``_lib.lua``; only for scripts that use it: building the table costs every call."""
+    if "denied_command" not in re.findall(r"\w+", text):
+        return ""
+    commands = sorted(set(_COMMAND_CALL.findall(text)))
+    return "local SCRIPT_COMMANDS = {" + ", ".join(f"'{command}'" for command in commands) + "}\n"
 
 
 _DEFINITION = re.compile(r"^local (?:function (\w+)|([\w, ]+?) =)", re.MULTILINE)

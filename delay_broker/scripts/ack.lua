@@ -11,8 +11,9 @@
 -- Returns the number of messages acknowledged. A message whose lease expired and was claimed again is left
 -- to its new holder (the lease deadline is the holder's token).
 
-local problem = wrong_type(INFLIGHT, 'zset', MSG, 'hash', LEASED, 'hash', ATTEMPTS, 'hash', ERRORS, 'hash',
-    STATS, 'hash', LATENESS, 'hash')
+local problem = denied_command()
+    or wrong_type(INFLIGHT, 'zset', MSG, 'hash', LEASED, 'hash', ATTEMPTS, 'hash', ERRORS, 'hash',
+        STATS, 'hash', LATENESS, 'hash')
 if problem then
     return problem
 end

@@ -16,8 +16,9 @@
 -- 'replace').
 
 local replacing = ARGV[1] == 'replace'
-local problem = wrong_type(DUE, 'zset', MSG, 'hash', DEAD, 'zset', ATTEMPTS, 'hash', ERRORS, 'hash',
-    STATS, 'hash')
+local problem = denied_command()
+    or wrong_type(DUE, 'zset', MSG, 'hash', DEAD, 'zset', ATTEMPTS, 'hash', ERRORS, 'hash',
+        STATS, 'hash')
     or (replacing and wrong_type(INFLIGHT, 'zset', LEASED, 'hash'))
 if problem then
     return problem

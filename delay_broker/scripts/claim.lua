@@ -18,8 +18,9 @@
 local batch = tonumber(ARGV[1])
 local lease = tonumber(ARGV[2])
 local max_attempts = tonumber(ARGV[3])
-local problem = wrong_type(DUE, 'zset', MSG, 'hash', INFLIGHT, 'zset', LEASED, 'hash', DEAD, 'zset',
-    ATTEMPTS, 'hash', ERRORS, 'hash', STATS, 'hash', PROMOTERS, 'zset')
+local problem = denied_command()
+    or wrong_type(DUE, 'zset', MSG, 'hash', INFLIGHT, 'zset', LEASED, 'hash', DEAD, 'zset',
+        ATTEMPTS, 'hash', ERRORS, 'hash', STATS, 'hash', PROMOTERS, 'zset')
 if problem then
     return problem
 end

@@ -17,8 +17,9 @@
 -- (left alone); then 1 if WAKE was pushed, else 0. A message whose attempts count or lease record is not a
 -- number is dead-lettered, saying so.
 
-local problem = wrong_type(INFLIGHT, 'zset', DUE, 'zset', LEASED, 'hash', DEAD, 'zset', ATTEMPTS, 'hash',
-    ERRORS, 'hash', STATS, 'hash', WAKE, 'list')
+local problem = denied_command()
+    or wrong_type(INFLIGHT, 'zset', DUE, 'zset', LEASED, 'hash', DEAD, 'zset', ATTEMPTS, 'hash',
+        ERRORS, 'hash', STATS, 'hash', WAKE, 'list')
 if problem then
     return problem
 end

@@ -24,7 +24,8 @@
 -- An envelope with no route among these goes to the dead letters: a stored message can reach only the
 -- queues the application declared.
 
-local problem = wrong_type(DUE, 'zset', PROMOTERS, 'zset')
+local problem = denied_command()
+    or wrong_type(DUE, 'zset', PROMOTERS, 'zset')
 if problem then
     return problem
 end

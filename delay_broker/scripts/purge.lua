@@ -7,7 +7,8 @@
 -- ARGV[1] limit (<= 1000) when no ids follow: purge the oldest dead letters; ARGV[2..] ids
 -- Returns the number of messages deleted.
 
-local problem = wrong_type(DEAD, 'zset', MSG, 'hash', ATTEMPTS, 'hash', ERRORS, 'hash')
+local problem = denied_command()
+    or wrong_type(DEAD, 'zset', MSG, 'hash', ATTEMPTS, 'hash', ERRORS, 'hash')
 if problem then
     return problem
 end

@@ -8,7 +8,8 @@
 -- deadline are extended: one already reclaimed by another promoter is left to it. The new deadline is the
 -- holder's token from then on (ack and nack check it).
 
-local problem = wrong_type(INFLIGHT, 'zset')
+local problem = denied_command()
+    or wrong_type(INFLIGHT, 'zset')
 if problem then
     return problem
 end

@@ -11,8 +11,9 @@
 -- caller skips those it could not requeue before); ARGV[3..] ids
 -- Returns {requeued, ids not requeued: not dead-lettered, or with no payload to requeue...}.
 
-local problem = wrong_type(DEAD, 'zset', DUE, 'zset', MSG, 'hash', ATTEMPTS, 'hash', ERRORS, 'hash',
-    WAKE, 'list', STATS, 'hash')
+local problem = denied_command()
+    or wrong_type(DEAD, 'zset', DUE, 'zset', MSG, 'hash', ATTEMPTS, 'hash', ERRORS, 'hash',
+        WAKE, 'list', STATS, 'hash')
 if problem then
     return problem
 end

@@ -10,7 +10,8 @@
 -- Returns {new due time in ms, or -1 when the id is not parked (unknown, in flight or dead); 1 if WAKE was
 -- pushed, else 0}.
 
-local problem = wrong_type(DUE, 'zset', WAKE, 'list', MSG, 'hash')
+local problem = denied_command()
+    or wrong_type(DUE, 'zset', WAKE, 'list', MSG, 'hash')
 if problem then
     return problem
 end

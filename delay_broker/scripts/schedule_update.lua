@@ -23,8 +23,9 @@
 local name = ARGV[1]
 local now = now_ms()
 
-local problem = wrong_type(SCHEDULES, 'hash', SCHEDULES_REV, 'string', CRON, 'hash', DUE, 'zset', MSG, 'hash',
-    STATS, 'hash', WAKE, 'list')
+local problem = denied_command()
+    or wrong_type(SCHEDULES, 'hash', SCHEDULES_REV, 'string', CRON, 'hash', DUE, 'zset', MSG, 'hash',
+        STATS, 'hash', WAKE, 'list')
 if problem then
     return problem
 end

@@ -12,7 +12,8 @@
 -- ARGV[3] limit (<= 1000): most dead letters dropped by this call, so one call never blocks Redis for long
 -- Returns {dropped, 1 if more are left to drop (call again), else 0}.
 
-local problem = wrong_type(DEAD, 'zset', MSG, 'hash', ATTEMPTS, 'hash', ERRORS, 'hash', STATS, 'hash')
+local problem = denied_command()
+    or wrong_type(DEAD, 'zset', MSG, 'hash', ATTEMPTS, 'hash', ERRORS, 'hash', STATS, 'hash')
 if problem then
     return problem
 end
