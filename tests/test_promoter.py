@@ -159,6 +159,23 @@ def test_an_earlier_park_wakes_a_sleeping_promoter(store, client, ready_key):
     assert latency_ms < 2000, "woken by the park, not by max_idle (20 s)"
 
 
+def test_a_short_socket_timeout_does_not_deafen_a_sleeping_promoter(redis_server, namespace, ready_key):
+    # The store fits each BLPOP into the client's socket timeout (1.5 s here: 0.5 s turns); the promoter must
+    # go on listening for the rest of its sleep, not sleep it locally.
+    store = DelayStore(redis_server.client(socket_timeout=1.5), namespace=namespace)
+    client = redis_server.client()
+    promoter = Promoter(store, direct(ready_key), max_idle=10).start()
+    try:
+        store.park("later", envelope(b"later"), delay=6)
+        time.sleep(1.2)  # asleep until "later" is due, past its first BLPOP turn
+        parked = time.monotonic()
+        store.park("now", envelope(b"now"), delay=0)
+        wait_for(lambda: client.llen(ready_key) == 1, timeout=5)
+        assert time.monotonic() - parked < 0.5, "woken by the park, not at the end of a local sleep"
+    finally:
+        promoter.stop()
+
+
 def test_a_promoter_with_no_route_yet_waits_without_errors_and_serves_routes_declared_later(store, client, ready_key):
     # A Dramatiq worker boots its promoter before any actor (and so any queue) is declared.
     deliverer = DirectLists({})
