@@ -20,6 +20,8 @@ MAX_DUE_MS = 2**53 // FIFO_SLOTS - 1
 
 Delay = float | int | timedelta
 
+_EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+
 
 def delay_to_ms(delay: object, unit: Literal["seconds", "milliseconds"] = "seconds") -> int:
     """Turn a delay (a real number of ``unit``, or a timedelta) into whole milliseconds, rounded up (a delay is
@@ -70,14 +72,16 @@ def due_to_ms(due: datetime) -> int:
         raise InvalidDelay(f"due must be a datetime, got {type(due).__name__}")
     if due.tzinfo is None or due.tzinfo.utcoffset(due) is None:
         raise InvalidDelay(f"due must be timezone-aware, got naive datetime {due.isoformat()}")
-    millis = math.ceil(due.timestamp() * 1000)
+    # In whole microseconds: a float timestamp times 1000 can land just above an exact millisecond, which
+    # rounding up then moved 1 ms later (an ISO time read back, as the dashboard's confirm page does, drifted).
+    millis = -(-((due - _EPOCH) // timedelta(microseconds=1)) // 1000)
     if millis > MAX_DUE_MS:
         raise InvalidDelay(f"due time {due.isoformat()} is past the latest supported (2248-09-26T15:10:22Z)")
     return max(millis, 0)
 
 
 def ms_to_datetime(millis: int) -> datetime:
-    return datetime.fromtimestamp(millis / 1000, tz=timezone.utc)
+    return _EPOCH + timedelta(milliseconds=millis)  # exact: millis / 1000 as a float can be a microsecond off
 
 
 def iso_time(ms: int | None) -> str | None:

@@ -29,6 +29,7 @@ from delay_broker.cli.format import (
     parse_when,
     printable,
 )
+from delay_broker.clock import MAX_DUE_MS, due_to_ms, iso_time, ms_to_datetime
 from delay_broker.decoding import decode_payload
 from delay_broker.deliverers import DirectLists
 from delay_broker.embedded import EmbeddedRedis, free_port
@@ -601,6 +602,14 @@ def test_durations_and_times():
     assert format_relative(now + 90_000, now) == "in 1m 30s" and format_relative(now - 5_000, now) == "5s ago"
     assert printable("a\x1b[2Jb\u202e\n") == "a\\x1b[2Jb\\u202e\\x0a"
     assert bar(0, 10) == "" and bar(10, 10) == "█" * 40 and bar(1, 1000) != ""
+
+
+def test_a_time_written_to_the_millisecond_reads_back_as_that_millisecond():
+    # The dashboard's confirm page carries its window as ISO times: read back, they must name the same instants.
+    for ms in (1_795_556_627_807, 1_700_000_000_001, 0, MAX_DUE_MS):
+        assert parse_when(iso_time(ms), 0) == ms
+        assert due_to_ms(ms_to_datetime(ms)) == ms
+    assert due_to_ms(datetime(2030, 1, 1, 0, 0, 0, 1, tzinfo=timezone.utc)) == parse_when("2030-01-01", 0) + 1
 
 
 def test_payload_decoding_never_unpickles():
