@@ -4,6 +4,9 @@ CSRF, and stored data shown as text."""
 
 from __future__ import annotations
 
+import contextlib
+import html
+import re
 import threading
 import time
 import urllib.error
@@ -24,6 +27,7 @@ from delay_broker import DelayStore, Envelope
 from delay_broker.celery import install
 from delay_broker.dramatiq import DelayMiddleware
 from delay_broker.embedded import EmbeddedRedis, free_port
+from delay_broker.operations import MessageFilter, Operations
 from delay_broker.web import create_app
 
 from .browser import launch
@@ -48,6 +52,21 @@ def serve(app: Any) -> tuple[str, Any, threading.Thread]:
         assert time.monotonic() < deadline, "the dashboard did not start"
         time.sleep(0.05)
     return f"http://127.0.0.1:{port}", server, thread
+
+
+@contextlib.contextmanager
+def own_dashboard(redis_server: EmbeddedRedis) -> Iterator[Served]:
+    """A dashboard on a namespace of its own, for a test that changes what the module's store holds."""
+    store = DelayStore(redis_server.client(), namespace=f"webown-{uuid.uuid4().hex[:8]}")
+    url, server, thread = serve(create_app(store))
+    try:
+        yield Served(url, store)
+    finally:
+        server.should_exit = True
+        thread.join(10)
+        keys = store.keys.all()
+        if keys:
+            store.client.delete(*keys)
 
 
 @pytest.fixture(scope="module")
@@ -284,3 +303,25 @@ def test_messages_in_the_far_tier_are_listed_and_searched_with_the_rest(
         server.should_exit = True
         thread.join(10)
         assert store.cancel_many(["soon-ann", "later-ann", "later-bob"]) == 3
+
+
+def page_ids(url: str) -> list[str]:
+    with urllib.request.urlopen(url, timeout=10) as response:
+        return [html.unescape(id) for id in re.findall(r'data-id="([^"]*)"', response.read().decode())]
+
+
+def test_a_filter_takes_id_prefix_and_text_as_given(redis_server: EmbeddedRedis) -> None:
+    """Leading and trailing spaces are part of an id prefix or a text, as for the CLI and Operations.find."""
+    with own_dashboard(redis_server) as served:
+        served.store.park("  lead-x", Envelope("emails", b'{"args": [" ann"]}'), delay=3600)
+        served.store.park("lead-y", Envelope("emails", b'{"args": ["ann"]}'), delay=3601)
+        for field, value, expected in [
+            ("id_prefix", "  lead", ["  lead-x"]),
+            ("id_prefix", "lead", ["lead-y"]),
+            ("text", " ann", ["  lead-x"]),
+            ("text", "ann", ["  lead-x", "lead-y"]),
+            ("id_prefix", "", ["  lead-x", "lead-y"]),
+        ]:
+            listed = page_ids(served.url + "/messages?" + urllib.parse.urlencode({"state": "due", field: value}))
+            found = Operations(served.store).find(MessageFilter(**{field: value or None})).messages
+            assert listed == [info.id for info in found] == expected, (field, value)

@@ -53,18 +53,20 @@ def histogram_bars(stats: StoreStats) -> list[tuple[str, int]]:
 
 def filter_from(params: Mapping[str, Any], now_ms: int) -> MessageFilter:
     """A filter from a query string or form (the names of :data:`FILTER_FIELDS`); ValueError when malformed.
-    Times are ISO 8601 (UTC unless they say otherwise), ``now``, or relative to now (``-1h``, ``30m``)."""
+    Times are ISO 8601 (UTC unless they say otherwise), ``now``, or relative to now (``-1h``, ``30m``).
+    Names, id prefix and text are taken as given, spaces and all, as the CLI and the operations layer take them:
+    the same filter lists the same messages everywhere. An empty field filters on nothing."""
     state: ListState = params.get("state") or "due"
     if state not in ("due", "inflight", "dead"):
         raise ValueError(f"unknown state {state!r}")
 
     def text(name: str) -> str | None:
         value = params.get(name)
-        return (value.strip() or None) if isinstance(value, str) else None
+        return (value or None) if isinstance(value, str) else None
 
     def when(name: str) -> int | None:
         value = text(name)
-        if value is None:
+        if value is None or not value.strip():
             return None
         try:
             return parse_when(value, now_ms)
