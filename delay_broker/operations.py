@@ -12,7 +12,8 @@ applies the window and the structural filters, the text filter runs here as for 
 Bulk actions (cancel, run now, reschedule, requeue dead, purge dead) take ids or a filter; a filter is first
 turned into ids (a full scan, in chunks), then acted on in server-side batches of up to 1,000 ids per script
 call, and the result says how many matched, how many were done, and how many were no longer there (promoted,
-cancelled or moved by someone else meanwhile).
+cancelled or moved by someone else meanwhile). To act on what a person was shown and said yes to, not on what
+the filter matches by the time they answer, :meth:`Operations.select` the ids first and hand those over.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import contextlib
 import heapq
 import json
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Literal
@@ -40,6 +41,8 @@ MAX_SCAN = 1_000_000
 """Entries one page may examine per shard before it returns what it has (with a cursor to go on)."""
 
 Action = Literal["cancel", "run_now", "reschedule", "requeue", "purge"]
+Ids = Sequence[str] | Mapping[str, str]
+"""The messages an action names: ids, or what :meth:`Operations.select` returned (ids with their framework)."""
 
 
 @dataclass(frozen=True)
@@ -210,6 +213,12 @@ class Operations:
                     for _, info in scan.matches:
                         yield info
 
+    def select(self, filter: MessageFilter) -> dict[str, str]:
+        """The ids ``filter`` matches now, each with its message's framework (``""``: unreadable envelope), for a
+        bulk action to act on exactly these: messages parked meanwhile are left alone, and a relative window is
+        not read against a later now. As :meth:`matches`, a full scan; only ids and frameworks are kept."""
+        return {info.id: _framework(info) for info in self.matches(filter)}
+
     def _snapshot(self, filter: MessageFilter) -> contextlib.AbstractContextManager[FarSnapshot | None]:
         """For parked messages with a far tier, a read of the table as of before Redis is read: a message that
         moves into Redis meanwhile is neither missed (it was in the table) nor, mostly, seen twice (its row is
@@ -294,7 +303,7 @@ class Operations:
 
     # -- acting --------------------------------------------------------------------------------------------------
 
-    def cancel(self, ids: Sequence[str] | None = None, filter: MessageFilter | None = None) -> BulkResult:
+    def cancel(self, ids: Ids | None = None, filter: MessageFilter | None = None) -> BulkResult:
         """Delete parked (or dead) messages for good."""
         targets = list(self._targets(ids, filter, ("due", "dead")))
         done = 0
@@ -305,13 +314,13 @@ class Operations:
             skipped.extend(id for id, flag in zip(chunk, removed, strict=True) if not flag)
         return BulkResult("cancel", len(targets), done, skipped)
 
-    def run_now(self, ids: Sequence[str] | None = None, filter: MessageFilter | None = None) -> BulkResult:
+    def run_now(self, ids: Ids | None = None, filter: MessageFilter | None = None) -> BulkResult:
         """Make parked messages due now (they are promoted at once)."""
         return self.reschedule(ids, filter, delay=0, action="run_now")
 
     def reschedule(
         self,
-        ids: Sequence[str] | None = None,
+        ids: Ids | None = None,
         filter: MessageFilter | None = None,
         *,
         delay: Delay | None = None,
@@ -328,7 +337,7 @@ class Operations:
         skipped = [id for id, framework in targets.items() if reschedule_one(self.store, id, when, framework) is None]
         return BulkResult(action, len(targets), len(targets) - len(skipped), skipped)
 
-    def requeue(self, ids: Sequence[str] | None = None, filter: MessageFilter | None = None) -> BulkResult:
+    def requeue(self, ids: Ids | None = None, filter: MessageFilter | None = None) -> BulkResult:
         """Park dead-lettered messages again, due now, attempts reset."""
         targets = list(self._targets(ids, filter, ("dead",)))
         done = 0
@@ -339,25 +348,27 @@ class Operations:
             skipped.extend(result.not_requeued)
         return BulkResult("requeue", len(targets), done, skipped)
 
-    def purge(self, ids: Sequence[str] | None = None, filter: MessageFilter | None = None) -> BulkResult:
+    def purge(self, ids: Ids | None = None, filter: MessageFilter | None = None) -> BulkResult:
         """Delete dead-lettered messages for good."""
         targets = list(self._targets(ids, filter, ("dead",)))
         done = sum(self.store.purge_dead(chunk) for chunk in _chunks(targets))
         return BulkResult("purge", len(targets), done)
 
     def _targets(
-        self, ids: Sequence[str] | None, filter: MessageFilter | None, states: tuple[ListState, ...]
+        self, ids: Ids | None, filter: MessageFilter | None, states: tuple[ListState, ...]
     ) -> dict[str, str | None]:
-        """The ids to act on, each with its message's framework as the filter's scan read it (None for ids given
-        as such). Only that is kept: a filter may match millions of messages of up to a megabyte each."""
+        """The ids to act on, each with its message's framework as a scan read it (None for ids given as such).
+        Only that is kept: a filter may match millions of messages of up to a megabyte each."""
         if (ids is None) == (filter is None):
             raise ValueError("give ids or a filter, not both")
+        if isinstance(ids, Mapping):
+            return dict[str, str | None](ids)
         if ids is not None:
             return dict.fromkeys(ids)
         assert filter is not None
         if filter.state not in states:
             raise ValueError(f"this action applies to {' or '.join(states)} messages, not {filter.state}")
-        return {info.id: _framework(info) for info in self.matches(filter)}
+        return dict[str, str | None](self.select(filter))
 
 
 def _reads_as_stored(text: str) -> bool:

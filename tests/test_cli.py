@@ -15,6 +15,7 @@ import urllib.request
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
+import click
 import pytest
 from click.testing import CliRunner, Result
 
@@ -765,6 +766,30 @@ def test_ls_filters_and_bulk_cancel_reschedule_requeue_purge_by_filter(run, stor
     assert purged["done"] == purged["matched"] == len(claim.messages) - 1
     assert store.stats().dead == 0
     assert run("dead", "requeue", "f-02", "--all").exit_code == 2
+
+
+def test_a_bulk_action_acts_on_the_messages_it_asked_about(run, store: DelayStore, monkeypatch) -> None:
+    """Messages parked while the question waits for an answer are not among those the operator said yes to."""
+    for n in range(5):
+        store.park(f"old-{n}", dramatiq_envelope("newsletter", f"old-{n}", queue="emails"), delay=3600)
+    asked: list[str] = []
+
+    def answer_yes_meanwhile_three_more_are_parked(question: str, **options: Any) -> bool:
+        asked.append(question)
+        for n in range(3):
+            store.park(f"new-{n}", dramatiq_envelope("newsletter", f"new-{n}", queue="emails"), delay=3600)
+        return True
+
+    monkeypatch.setattr(common, "interactive", lambda: True)
+    monkeypatch.setattr(click, "confirm", answer_yes_meanwhile_three_more_are_parked)
+    cancelled = run("cancel", "--queue", "emails")
+    assert cancelled.exit_code == 0, cancelled.output
+    assert asked == ["Cancel 5 parked message(s) matching queue 'emails'?"]
+    assert "Cancel: 5 of 5 matching message(s)." in cancelled.output
+    assert sorted(info.id for info in store.iter_all("due")) == ["new-0", "new-1", "new-2"]
+
+    moved = as_json(run("reschedule", "--queue", "emails", "--now", "--yes", "--json"))
+    assert (moved["matched"], moved["done"]) == (3, 3) and store.stats().overdue == 3
 
 
 def test_a_store_with_its_own_key_prefix_is_read_with_prefix(run, redis_server, namespace) -> None:

@@ -72,7 +72,7 @@ def cancel(
     is given.
     """
     session = open_session(redis_url, namespace, as_json)
-    if act_on_filter(session, ids, filters, "due", yes, "cancel", lambda ops, chosen: ops.cancel(filter=chosen)):
+    if act_on_filter(session, ids, filters, "due", yes, "cancel", lambda ops, chosen: ops.cancel(chosen)):
         return
     if not ids:
         raise click.UsageError("give the IDs to cancel, or a filter: --queue, --task, --id-prefix, --text, --from/--to")
@@ -147,7 +147,7 @@ def reschedule(
         "due",
         yes,
         verb,
-        lambda ops, chosen: ops.reschedule(filter=chosen, due=due),
+        lambda ops, chosen: ops.reschedule(chosen, due=due),
     ):
         return
     if not id:

@@ -8,7 +8,7 @@ import functools
 import json
 import math
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar, cast
 
@@ -330,19 +330,21 @@ def act_on_filter(
     state: ListState,
     yes: bool,
     verb: str,
-    act: Callable[[Operations, MessageFilter], BulkResult],
+    act: Callable[[Operations, Mapping[str, str]], BulkResult],
 ) -> bool:
-    """When a filter was given (never with IDs): count what it selects, ask (``verb`` N messages ...?), act in
-    batches, report what was done, and return True. False when no filter was given."""
+    """When a filter was given (never with IDs): find what it selects, ask (``verb`` N messages ...?), act on
+    exactly those in batches, report what was done, and return True. False when no filter was given."""
     if not filters.given:
         return False
     if ids:
         raise click.UsageError("give IDs or a filter (--queue, --task, ...), not both")
     filter = filters.to_filter(session, state)
-    count = Operations(session.store).count(filter)
-    matched = f"{count.matched:,}{'' if count.complete else '+'}"
-    what = f"{matched} {STATE_WORDS[filter.state]} message(s) matching {describe_filter(filter)}"
-    if count.matched == 0:
+    ops = Operations(session.store)
+    # The ids counted are the ids acted on: a message parked while the question waits is not one the operator
+    # said yes to.
+    targets = ops.select(filter)
+    what = f"{len(targets):,} {STATE_WORDS[filter.state]} message(s) matching {describe_filter(filter)}"
+    if not targets:
         report(
             session,
             {"action": verb, "matched": 0, "done": 0, "skipped": []},
@@ -350,7 +352,7 @@ def act_on_filter(
         )
         return True
     confirm(f"{verb} {what}", f"{verb.capitalize()} {what}?", yes)
-    result = act(Operations(session.store), filter)
+    result = act(ops, targets)
     text = f"{verb.capitalize()}: {result.done:,} of {result.matched:,} matching message(s)."
     if result.matched - result.done:
         text += f" {result.matched - result.done:,} were no longer there (promoted or changed meanwhile)."

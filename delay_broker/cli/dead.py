@@ -99,7 +99,7 @@ def dead_requeue(
     if sum((bool(ids), all_, filters.given)) != 1:
         raise click.UsageError("give the IDs of dead-lettered messages, --all, or a filter (--queue, --task, ...)")
     session = open_session(redis_url, namespace, as_json)
-    if act_on_filter(session, ids, filters, "dead", yes, "requeue", lambda ops, chosen: ops.requeue(filter=chosen)):
+    if act_on_filter(session, ids, filters, "dead", yes, "requeue", lambda ops, chosen: ops.requeue(chosen)):
         return
     missing: list[str] = []
     if all_:
@@ -147,7 +147,7 @@ def dead_purge(
     Asks for confirmation; when not at a terminal, refuses unless --yes is given.
     """
     session = open_session(redis_url, namespace, as_json)
-    if act_on_filter(session, ids, filters, "dead", yes, "purge", lambda ops, chosen: ops.purge(filter=chosen)):
+    if act_on_filter(session, ids, filters, "dead", yes, "purge", lambda ops, chosen: ops.purge(chosen)):
         return
     if ids:
         what = f"{len(set(ids))} dead-lettered message(s)"
