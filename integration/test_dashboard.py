@@ -15,6 +15,7 @@ import urllib.request
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
+from html.parser import HTMLParser
 from typing import Any
 
 import dramatiq
@@ -325,3 +326,61 @@ def test_a_filter_takes_id_prefix_and_text_as_given(redis_server: EmbeddedRedis)
             listed = page_ids(served.url + "/messages?" + urllib.parse.urlencode({"state": "due", field: value}))
             found = Operations(served.store).find(MessageFilter(**{field: value or None})).messages
             assert listed == [info.id for info in found] == expected, (field, value)
+
+
+class HiddenFields(HTMLParser):
+    """The hidden inputs of a page: what its form posts back."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.fields: dict[str, str] = {}
+
+    def handle_starttag(self, tag: str, attrs: list[tuple[str, str | None]]) -> None:
+        found = dict(attrs)
+        if tag == "input" and found.get("type") == "hidden" and found.get("name"):
+            self.fields[found["name"] or ""] = found.get("value") or ""
+
+
+def confirm_page(url: str, fields: dict[str, str]) -> dict[str, str]:
+    """Ask for an action as the list's bulk form does; the confirm page's form, as its button would post it."""
+    with post_form(url + "/actions", fields) as response:
+        parser = HiddenFields()
+        parser.feed(response.read().decode())
+    assert parser.fields["confirmed"] == "yes"
+    return parser.fields
+
+
+BULK_CANCEL = {"scope": "filter", "action": "cancel", "state": "due", "task": "", "id_prefix": "", "text": ""}
+
+
+def test_a_bulk_action_does_what_was_confirmed_or_nothing(redis_server: EmbeddedRedis) -> None:
+    """Confirmed for 5 messages, the submit finds 8 (3 parked meanwhile): nothing is done, and the page says so.
+    Confirmed again for 8, all 8 go."""
+    with own_dashboard(redis_server) as served:
+        for n in range(5):
+            served.store.park(f"old-{n}", Envelope("emails", b"{}"), delay=3600)
+        bulk = {**BULK_CANCEL, "queue": "emails", "from": "", "to": ""}
+        confirmed = confirm_page(served.url, bulk)
+        for n in range(3):
+            served.store.park(f"new-{n}", Envelope("emails", b"{}"), delay=3600)
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            post_form(served.url + "/actions", confirmed)
+        assert refused.value.code == 409
+        assert "now matches 8 message(s), not the 5 you confirmed: nothing was done" in refused.value.read().decode()
+        assert served.store.stats().parked == 8
+
+        with post_form(served.url + "/actions", confirm_page(served.url, bulk)) as done:
+            assert "8 of 8 message(s) done" in done.read().decode()
+        assert served.store.stats().parked == 0
+
+
+def test_a_relative_window_means_the_instants_it_meant_when_confirmed(redis_server: EmbeddedRedis) -> None:
+    """``to=2s`` confirmed is the instant 2 s after the confirm page was made, not 2 s after the submit."""
+    with own_dashboard(redis_server) as served:
+        served.store.park("within", Envelope("emails", b"{}"), delay=1)
+        served.store.park("after", Envelope("emails", b"{}"), delay=3)
+        confirmed = confirm_page(served.url, {**BULK_CANCEL, "queue": "", "from": "", "to": "2s"})
+        time.sleep(1.5)  # "2s" read again at the submit would take in "after" too
+        with post_form(served.url + "/actions", confirmed) as done:
+            assert "1 of 1 message(s) done" in done.read().decode()
+        assert [info.id for info in served.store.iter_all("due")] == ["after"]

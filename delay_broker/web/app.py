@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import sys
 from collections.abc import Callable
 from functools import partial
 from importlib import resources
@@ -21,12 +22,14 @@ from starlette.staticfiles import StaticFiles
 
 from ..decoding import decode_payload
 from ..errors import DelayBrokerError, InvalidMessage, StoreError
-from ..operations import BulkResult, MessageFilter, Operations
+from ..operations import BulkResult, Ids, Operations
 from ..schedules import RuntimeSchedules, schedule_rows
 from ..store import DelayStore, MessageInfo
 from . import csrf
 from .charts import bar_chart
 from .views import (
+    describe_filter,
+    filter_fields,
     filter_from,
     filter_query,
     format_age,
@@ -198,27 +201,59 @@ class _Dashboard:
             return self.render(request, "error.html", status=400, message=str(error))
         if filter is not None and filter.state != state:
             return self.render(request, "error.html", status=400, message=f"{label} applies to {state} messages.")
+        back = f"{request.scope.get('root_path', '')}/messages?{filter_query(filter)}" if filter else None
         if fields.get("confirmed") != "yes":
-            count = len(ids) if ids else (await self.call(self.ops.count, filter)).matched
+            if ids:
+                count, carried = len(ids), {"ids": fields["ids"]}
+            else:
+                assert filter is not None
+                # All of it, not a lower bound: the submit is held to this number. The window goes on as the
+                # instants it meant now, so a relative time is not read again against the submit's now.
+                count = (await self.call(self.ops.count, filter, max_scan=sys.maxsize)).matched
+                carried = {**filter_fields(filter), "scope": "filter", "count": str(count)}
             return self.render(
-                request, "confirm.html", action=action, label=label, count=count, ids=ids, fields=fields, filter=filter
+                request,
+                "confirm.html",
+                action=action,
+                label=label,
+                count=count,
+                ids=ids,
+                carried=carried,
+                filter=filter,
+                described=describe_filter(filter) if filter else None,
             )
+        targets: Ids
+        if ids:
+            targets = ids
+        else:
+            assert filter is not None
+            confirmed = fields.get("count", "")
+            if not confirmed.isdigit():
+                message = "This form does not say how many messages were confirmed: nothing was done. Confirm again."
+                return self.render(request, "error.html", status=400, message=message, back=back)
+            targets = await self.call(self.ops.select, filter)
+            if len(targets) != int(confirmed):
+                # Parked, promoted or moved since the count: not what was said yes to. The operator looks again.
+                message = (
+                    f"The filter now matches {len(targets):,} message(s), not the {int(confirmed):,} you confirmed: "
+                    "nothing was done. Look at the list again and confirm anew."
+                )
+                return self.render(request, "error.html", status=409, message=message, back=back)
         try:
-            result = await self.call(self._apply, action, ids or None, filter)
+            result = await self.call(self._apply, action, targets)
         except DelayBrokerError as error:
             return self.render(request, "error.html", status=409, message=str(error))
-        back = f"{request.scope.get('root_path', '')}/messages?{filter_query(filter)}" if filter else None
         return self.render(request, "result.html", result=result, label=label, back=back)
 
-    def _apply(self, action: str, ids: list[str] | None, filter: MessageFilter | None) -> BulkResult:
+    def _apply(self, action: str, targets: Ids) -> BulkResult:
         ops = self.ops
         if action == "cancel":
-            return ops.cancel(ids, filter)
+            return ops.cancel(targets)
         if action == "run_now":
-            return ops.run_now(ids, filter)
+            return ops.run_now(targets)
         if action == "requeue":
-            return ops.requeue(ids, filter)
-        return ops.purge(ids, filter)
+            return ops.requeue(targets)
+        return ops.purge(targets)
 
     async def act_on_schedule(self, request: Request) -> Response:
         fields = await self._form(request)

@@ -8,7 +8,7 @@ from typing import Any
 from urllib.parse import urlencode
 
 from ..cli.format import histogram_rows, parse_when
-from ..clock import ms_to_datetime
+from ..clock import iso_time, ms_to_datetime
 from ..operations import MessageFilter
 from ..store import ListState, MessageInfo, StoreStats
 
@@ -76,20 +76,44 @@ def filter_from(params: Mapping[str, Any], now_ms: int) -> MessageFilter:
     return MessageFilter(state, when("from"), when("to"), text("queue"), text("task"), text("id_prefix"), text("text"))
 
 
-def filter_query(filter: MessageFilter | None) -> str:
-    """The query string of a filter (times as epoch ms, which :func:`filter_from` reads back as ISO too)."""
-    if filter is None:
-        return ""
+def filter_fields(filter: MessageFilter) -> dict[str, str]:
+    """The fields of a filter as :func:`filter_from` reads them back to the same filter: its window as the
+    instants it meant when it was read (ISO, to the millisecond), not as ``-1h`` to be read against a later now."""
     fields = {
         "state": filter.state,
         "queue": filter.queue,
         "task": filter.task,
         "id_prefix": filter.id_prefix,
         "text": filter.text,
-        "from": None if filter.start_ms is None else ms_to_datetime(filter.start_ms).isoformat(),
-        "to": None if filter.end_ms is None else ms_to_datetime(filter.end_ms).isoformat(),
+        "from": iso_time(filter.start_ms),
+        "to": iso_time(filter.end_ms),
     }
-    return urlencode({key: value for key, value in fields.items() if value})
+    return {key: value for key, value in fields.items() if value}
+
+
+def filter_query(filter: MessageFilter | None) -> str:
+    """The query string of a filter (see :func:`filter_fields`)."""
+    return "" if filter is None else urlencode(filter_fields(filter))
+
+
+def describe_filter(filter: MessageFilter) -> str:
+    """``queue 'emails', due until 2030-01-31 12:00:00Z``: what a filter selects, for the confirm page."""
+    parts = [
+        f"{label} {value!r}"
+        for label, value in (
+            ("queue", filter.queue),
+            ("task", filter.task),
+            ("id prefix", filter.id_prefix),
+            ("text", filter.text),
+        )
+        if value
+    ]
+    when = {"due": "due", "inflight": "lease until", "dead": "dead"}[filter.state]
+    if filter.start_ms is not None:
+        parts.append(f"{when} from {format_time(filter.start_ms)}")
+    if filter.end_ms is not None:
+        parts.append(f"{when} until {format_time(filter.end_ms)}")
+    return ", ".join(parts) or "everything"
 
 
 def message_view(info: MessageInfo) -> dict[str, Any]:
