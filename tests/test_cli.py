@@ -479,6 +479,22 @@ def test_dead_purge_refuses_without_confirmation_then_purges(run, populated, sto
     assert as_json(run("dead", "purge", "--json")) == {"purged": 0}  # nothing to confirm
 
 
+def test_ids_given_and_not_acted_on_fail_the_command(run, populated, store):
+    """As ``cancel ID`` and ``dead requeue ID...`` do: exit status 1, naming (or counting) what was left."""
+    partly = run("cancel", "dq-soon", "nosuch", "--yes", "--json")
+    assert partly.exit_code == 1
+    report, _ = json.JSONDecoder().raw_decode(partly.stdout)
+    assert report == {"cancelled": 1, "not_cancelled": ["nosuch"]}
+    assert "Not cancelled (unknown, promoted or in flight): 'nosuch'" in partly.output
+    assert run("cancel", "cl-hour", "cl-later", "--yes").exit_code == 0
+    purged = run("dead", "purge", "dq-dead", "dq-overdue", "dq-dead", "--yes", "--json")
+    assert purged.exit_code == 1
+    assert json.JSONDecoder().raw_decode(purged.stdout)[0] == {"purged": 1}
+    assert "Not purged: 1 of the given IDs" in purged.output
+    assert store.get("dq-overdue").state == "due" and store.get("dq-dead") is None
+    assert run("dead", "purge", "cl-dead", "--yes").exit_code == 0
+
+
 # -- promote and metrics -------------------------------------------------------------------------------------------
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Sequence
 
 import click
@@ -80,12 +81,16 @@ def cancel(
         unique = list(dict.fromkeys(ids))
         confirm(f"cancel {len(unique)} messages", f"Cancel {len(unique)} messages? They are deleted for good.", yes)
         result = Operations(session.store).cancel(ids=unique)
-        text_out = f"Cancelled {result.done:,} of {result.matched:,} message(s)."
+        report(
+            session,
+            {"cancelled": result.done, "not_cancelled": result.skipped},
+            f"Cancelled {result.done:,} of {result.matched:,} message(s).",
+        )
         if result.skipped:
-            text_out += " Not parked (unknown, promoted or in flight): " + ", ".join(
-                repr(printable(id)) for id in result.skipped[:20]
-            )
-        report(session, {"cancelled": result.done, "not_cancelled": result.skipped}, text_out)
+            # As for one ID and for dead requeue: an ID given and not acted on fails the command.
+            shown = ", ".join(repr(printable(id)) for id in result.skipped[:20])
+            click.echo(f"Not cancelled (unknown, promoted or in flight): {shown}", err=True)
+            sys.exit(1)
         return
     id = ids[0]
     info = get_message(session, id)

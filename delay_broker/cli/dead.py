@@ -156,13 +156,19 @@ def dead_purge(
         count = session.store.stats().dead
         what = f"all {count:,} dead-lettered messages in namespace {namespace!r}"
     purged = 0
+    unique = list(dict.fromkeys(ids))
     if count:
         confirm(f"purge {what}", f"Delete {what} for good?", yes)
-        purged = session.store.purge_dead(list(dict.fromkeys(ids)) if ids else None)
+        purged = session.store.purge_dead(unique if ids else None)
     if as_json:
         emit_json({"purged": purged})
     else:
         session.console.print(f"Purged {purged:,} dead-lettered message(s).")
+    if ids and purged < len(unique):
+        # The purge script counts what it deleted, it does not name what it left: say how many.
+        left = len(unique) - purged
+        click.echo(f"Not purged: {left:,} of the given IDs (not dead-lettered: unknown, parked or requeued)", err=True)
+        sys.exit(1)
 
 
 COMMANDS = [dead]
