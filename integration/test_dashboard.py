@@ -384,3 +384,19 @@ def test_a_relative_window_means_the_instants_it_meant_when_confirmed(redis_serv
         with post_form(served.url + "/actions", confirmed) as done:
             assert "1 of 1 message(s) done" in done.read().decode()
         assert [info.id for info in served.store.iter_all("due")] == ["after"]
+
+
+def test_the_confirm_page_shows_an_id_as_text_and_acts_on_it(redis_server: EmbeddedRedis, page: Page) -> None:
+    """Non-ASCII, quotes, & and markup in an id: shown as they are (not as JSON escapes, not as HTML), and
+    the action still names that very message."""
+    target = 'ünï©ødé "quoted" & <b>bold</b>'
+    with own_dashboard(redis_server) as served:
+        served.store.park(target, Envelope("emails", b"{}"), delay=3600)
+        served.store.park("ünï©ødé", Envelope("emails", b"{}"), delay=3600)
+        page.goto(served.url + "/message?" + urllib.parse.urlencode({"id": target}))
+        page.click("#single-cancel")
+        assert page.locator("#confirm-ids").inner_text() == target
+        assert page.locator("#confirm-ids b").count() == 0
+        page.click("#confirm")
+        assert "1 of 1" in page.locator("#result").inner_text()
+        assert [info.id for info in served.store.iter_all("due")] == ["ünï©ødé"]
