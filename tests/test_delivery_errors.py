@@ -46,6 +46,15 @@ def test_sqs_replies_are_told_apart(error: BaseException, meaning: type[Exceptio
     assert sqs_errors.is_refusal(error) == (meaning is DeliveryRefused)
 
 
+def test_dramatiq_sqs_size_refusals_of_every_version_are_refusals() -> None:
+    from delay_broker.dramatiq.delays import sqs_too_large
+
+    # dramatiq-sqs 0.4.1 on: MessageTooLarge; 0.2 to 0.4.0: a bare RuntimeError with this text.
+    assert classify(sqs_too_large()("Messages in SQS can be at most 1048576 bytes large.")) is DeliveryRefused
+    assert classify(RuntimeError("Messages in SQS can be at most 256KiB large.")) is DeliveryRefused
+    assert classify(RuntimeError("Messages in SQS cannot be delayed for longer than 15 minutes.")) is None
+
+
 def closed(wrapped: BaseException) -> BaseException:
     """What dramatiq's RabbitmqBroker.enqueue raises once its own attempts are spent: the pika error wrapped."""
     from dramatiq.brokers.rabbitmq import ConnectionClosed

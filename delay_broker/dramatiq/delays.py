@@ -28,7 +28,8 @@ minute that costs more (memory, redelivery on restart, RabbitMQ's ``consumer_tim
 """
 
 SQS_MAX_DELAY_MS = 15 * 60 * 1000
-"""SQS refuses ``DelaySeconds`` above 900; dramatiq-sqs raises ``MessageDelayTooLong`` for longer delays."""
+"""SQS refuses ``DelaySeconds`` above 900; dramatiq-sqs raises ``MessageDelayTooLong`` for longer delays (a
+ValueError before 0.4.1)."""
 
 
 def delay_ms(delay: object) -> int:
@@ -99,18 +100,38 @@ def check_consumer_timeout(broker: dramatiq.Broker, threshold_ms: int, consumer_
     return True
 
 
+def sqs_too_large() -> type[Exception]:
+    """The exception the installed dramatiq-sqs's ``enqueue`` raises for a message over its size limit."""
+    try:
+        from dramatiq_sqs import MessageTooLarge
+    except ImportError:  # dramatiq-sqs 0.2 to 0.4.0: no exceptions module, a plain RuntimeError
+        return RuntimeError
+    too_large: type[Exception] = MessageTooLarge
+    return too_large
+
+
+def sqs_client_limit(broker: dramatiq.Broker) -> int:
+    """The most base64 bytes the installed dramatiq-sqs's ``enqueue`` takes in one message on ``broker``."""
+    limit = getattr(broker, "max_message_size", None)  # dramatiq-sqs 0.4.4 on: set per broker
+    if limit is not None:
+        return int(limit)
+    from dramatiq_sqs import broker as sqs_broker
+
+    # A module constant before: 1 MiB from 0.3 on, 256 KiB in 0.2 (SQS's limit until 2025).
+    return int(getattr(sqs_broker, "MAX_MESSAGE_SIZE_BYTES", None) or sqs_broker.MAX_MESSAGE_SIZE)
+
+
 def refuse_what_sqs_would(broker: dramatiq.Broker, encoded: bytes) -> None:
-    """Raise dramatiq-sqs's ``MessageTooLarge`` for a message the SQS broker would refuse when it is due: a
-    park must fail where a plain send fails, not turn into a dead letter days later."""
+    """Raise what dramatiq-sqs's ``enqueue`` raises (``MessageTooLarge``, a RuntimeError before 0.4.1) for a
+    message the SQS broker would refuse when it is due: a park must fail where a plain send fails, not turn
+    into a dead letter days later. Each dramatiq-sqs version is held to its own limit, as its ``enqueue`` is."""
     if native_cap_ms(broker) is None:
         return
     from base64 import b64encode
 
-    from dramatiq_sqs.exceptions import MessageTooLarge
-
-    limit = int(broker.max_message_size)  # type: ignore[attr-defined]
+    limit = sqs_client_limit(broker)
     size = len(b64encode(encoded))
     if size > limit:
-        raise MessageTooLarge(
+        raise sqs_too_large()(
             f"Messages in SQS can be at most {limit} bytes large once base64-encoded; this one would be {size}."
         )

@@ -120,14 +120,19 @@ def classify(error: BaseException) -> type[DeliveryRefused] | type[TargetUnavail
         return DeliveryRefused if reply_code == 406 and "size" in str(wrapped) else None
     if isinstance(error, BrokerConnectionError | redis.ConnectionError | redis.TimeoutError | ConnectionError):
         return TargetUnavailable
-    module = type(error).__module__
-    if (module.startswith("dramatiq_sqs") and type(error).__name__ == "MessageTooLarge") or sqs_errors.is_refusal(
-        error
-    ):
+    if _sqs_too_large(error) or sqs_errors.is_refusal(error):
         return DeliveryRefused
     if sqs_errors.is_outage(error):
         return TargetUnavailable
     return None
+
+
+def _sqs_too_large(error: BaseException) -> bool:
+    """True for dramatiq-sqs's refusal of a message over its size limit."""
+    if type(error).__module__.startswith("dramatiq_sqs") and type(error).__name__ == "MessageTooLarge":
+        return True
+    # Before 0.4.1 dramatiq-sqs had no exception classes: a bare RuntimeError, known by its text.
+    return type(error) is RuntimeError and str(error).startswith("Messages in SQS can be at most")
 
 
 def _channel_error(error: object) -> bool:
