@@ -169,10 +169,11 @@ class RabbitNode:
 class MotoServer:
     """moto in server mode: an SQS-compatible HTTP endpoint on a free port."""
 
-    def __init__(self) -> None:
+    def __init__(self, env: dict[str, str] | None = None) -> None:
         self.port = free_port()
         self.log = Path(tempfile.mkstemp(prefix="delay-broker-moto-", suffix=".log")[1])
         self.process: subprocess.Popen[bytes] | None = None
+        self.env = env or {}  # e.g. INITIAL_NO_AUTH_ACTION_COUNT: IAM policies enforced after that many calls
 
     @property
     def endpoint_url(self) -> str:
@@ -182,7 +183,7 @@ class MotoServer:
         with open(self.log, "ab") as log:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
-                env={**os.environ, **AWS_TEST_ENV},
+                env={**os.environ, **AWS_TEST_ENV, **self.env},
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,

@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import logging
 from datetime import timedelta
+from typing import Any
 
 import dramatiq
 
 from ..clock import delay_to_ms
 from ..errors import ConfigurationError, InvalidDelay
+from ..sqs_limits import LIMITS, SMALLEST_QUEUE_LIMIT, is_missing_queue, maximum_message_size
 
 logger = logging.getLogger("delay_broker.dramatiq")
 
@@ -121,10 +123,12 @@ def sqs_client_limit(broker: dramatiq.Broker) -> int:
     return int(getattr(sqs_broker, "MAX_MESSAGE_SIZE_BYTES", None) or sqs_broker.MAX_MESSAGE_SIZE)
 
 
-def refuse_what_sqs_would(broker: dramatiq.Broker, encoded: bytes) -> None:
+def refuse_what_sqs_would(broker: dramatiq.Broker, encoded: bytes, queue_name: str) -> None:
     """Raise what dramatiq-sqs's ``enqueue`` raises (``MessageTooLarge``, a RuntimeError before 0.4.1) for a
     message the SQS broker would refuse when it is due: a park must fail where a plain send fails, not turn
-    into a dead letter days later. Each dramatiq-sqs version is held to its own limit, as its ``enqueue`` is."""
+    into a dead letter days later. Each dramatiq-sqs version is held to its own limit, as its ``enqueue`` is,
+    and every version to the queue's ``MaximumMessageSize`` (SQS refuses what exceeds it; a plain send then
+    fails with botocore's ``ClientError``, a park with the same exception as for the client's limit)."""
     if native_cap_ms(broker) is None:
         return
     from base64 import b64encode
@@ -135,3 +139,35 @@ def refuse_what_sqs_would(broker: dramatiq.Broker, encoded: bytes) -> None:
         raise sqs_too_large()(
             f"Messages in SQS can be at most {limit} bytes large once base64-encoded; this one would be {size}."
         )
+    if size <= SMALLEST_QUEUE_LIMIT:
+        return
+    queue = sqs_queue_limit(broker, queue_name, limit)
+    if size > queue:
+        raise sqs_too_large()(
+            f"Messages in SQS can be at most {queue} bytes large on queue {queue_name!r} (its MaximumMessageSize) "
+            f"once base64-encoded; this one would be {size}."
+        )
+
+
+def sqs_queue_limit(broker: dramatiq.Broker, queue_name: str, client_limit: int) -> int:
+    """The smaller of ``client_limit`` and the SQS queue's own ``MaximumMessageSize`` (read once per queue)."""
+    sqs: Any = broker
+    client = sqs.sqs.meta.client
+    # As dramatiq-sqs 0.4 on names it; the versions before create every declared queue, so never look it up.
+    sqs_name = f"{sqs.namespace}_{queue_name}" if sqs.namespace else queue_name
+
+    def read() -> int | None:
+        # dramatiq-sqs keeps a boto3 Queue for each queue declared (before 0.4) or used (0.4 on) here.
+        queue = sqs.queues.get(queue_name)
+        if queue is not None:
+            url = queue.url
+        else:
+            try:
+                url = client.get_queue_url(QueueName=sqs_name)["QueueUrl"]
+            except Exception as error:
+                if is_missing_queue(error):
+                    return None  # dramatiq-sqs creates it at the first send, with SQS's default limit
+                raise
+        return maximum_message_size(client, url)
+
+    return LIMITS.limit(f"{client.meta.endpoint_url} {sqs_name}", client_limit, read)

@@ -248,7 +248,7 @@ class DelayMiddleware(dramatiq.Middleware):
             options["redis_message_id"] = str(uuid.uuid4())
         parked = dataclasses.replace(message, queue_name=queue_name, options=options)
         payload = parked.encode()
-        refuse_what_sqs_would(broker, payload)
+        refuse_what_sqs_would(broker, payload, queue_name)
         envelope = Envelope(
             route=queue_name,
             payload=payload,
