@@ -194,8 +194,9 @@ class Promoter:
     def stop(self, timeout: float | None = 10.0) -> None:
         """Finish the batch in hand, give back what was not delivered, and return."""
         self._stopping.set()
-        # If Redis is down the promoter is backing off, and the backoff waits on the stop event.
-        with contextlib.suppress(StoreError):
+        # If Redis is down the promoter is backing off, and the backoff waits on the stop event; a refused wake
+        # (an ACL without the command) costs at most a sleep of max_idle, never the stop itself.
+        with contextlib.suppress(DelayBrokerError):
             self.store.wake(self.id)
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout)

@@ -252,6 +252,19 @@ def test_a_promoter_short_of_any_one_command_loses_no_message(acl_redis, path):
         admin.delete(targets["ready"].list_key)
 
 
+def test_a_promoter_stops_although_its_user_may_not_wake_it(acl_redis):
+    admin = acl_redis.client()
+    namespace, targets, target_keys = acl_targets()
+    commands = tuple(command for command in NEEDED if command not in ("lpush", "expire"))
+    admin.execute_command(*acl_setuser_line("nowake", "pw", namespace, target_keys, commands).split())
+    user = redis.Redis(port=acl_redis.port, username="nowake", password="pw")
+    promoter = Promoter(DelayStore(user, namespace=namespace), DirectLists(targets), max_idle=0.5).start()
+    time.sleep(0.3)
+    promoter.stop(timeout=5)  # the wake is refused: the promoter notices at the end of its sleep
+    assert not promoter.running
+    user.close()
+
+
 # -- (b) TLS -------------------------------------------------------------------------------------------------
 
 
