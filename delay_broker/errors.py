@@ -48,7 +48,7 @@ class NotEnoughReplicas(StoreRefused):
 
 
 class StoreFull(StoreRefused):
-    """Redis is at ``maxmemory`` under the ``noeviction`` policy (``OOM``): nothing more can be parked."""
+    """Redis is at ``maxmemory`` with nothing its policy may evict (``OOM``): nothing more can be parked."""
 
     code = "OOM"
 

@@ -209,6 +209,14 @@ class Promoter:
         """Promote until :meth:`stop` is called (blocks the calling thread)."""
         mode = "exactly-once" if isinstance(self.deliverer, DirectDeliverer) else "at-least-once"
         logger.info("Promoter %s started on %s (%s).", self.id, self.store.keys.pattern, mode)
+        for server, policy in self.store.eviction_policies().items():
+            logger.warning(
+                "Promoter %s: Redis %s may evict keys (maxmemory-policy %s): once full it deletes parked messages "
+                "without a trace. Set maxmemory-policy noeviction for the delay store.",
+                self.id,
+                server,
+                policy,
+            )
         sweeper = None
         if self.store.far_tier is not None:
             sweeper = threading.Thread(target=self._sweep, name=f"delay-broker-sweeper-{self.id}", daemon=True)

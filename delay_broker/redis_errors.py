@@ -31,7 +31,7 @@ _EXPLANATIONS: dict[str, tuple[type[StoreRefused], str]] = {
         NotEnoughReplicas,
         "the master has fewer in-sync replicas than its min-replicas-to-write and refuses writes",
     ),
-    "OOM": (StoreFull, "Redis is full (maxmemory reached under the noeviction policy): nothing was written"),
+    "OOM": (StoreFull, "Redis is full (maxmemory reached, with nothing its policy may evict): nothing was written"),
     "READONLY": (
         StoreReadOnly,
         "the server is a read-only replica (a failover is under way, or the URL names a replica)",

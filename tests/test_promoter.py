@@ -280,6 +280,18 @@ def test_a_publish_slower_than_the_lease_keeps_it_and_runs_once(redis_server, na
     assert stats.dead == 0 and stats.counters.get("retried", 0) == 0
 
 
+def test_a_promoter_warns_of_a_redis_that_may_evict_parked_messages(namespace, ready_key, caplog):
+    with EmbeddedRedis(["--maxmemory", "100mb", "--maxmemory-policy", "allkeys-lru"]) as server:
+        store = DelayStore(server.client(), namespace=namespace)
+        promoter = Promoter(store, direct(ready_key), max_idle=0.2).start()
+        promoter.stop()
+        assert f"Redis 127.0.0.1:{server.port} may evict keys (maxmemory-policy allkeys-lru)" in caplog.text
+        caplog.clear()
+        server.client().config_set("maxmemory-policy", "noeviction")
+        Promoter(store, direct(ready_key), max_idle=0.2).start().stop()
+        assert "may evict" not in caplog.text
+
+
 def test_a_publish_slower_than_the_lease_keeps_it_while_redis_is_full(namespace):
     # Over maxmemory Redis refuses a script's first write that may grow memory: a renewal refused there let the
     # other promoter deliver the message again, and again, until it was dead-lettered.
