@@ -33,6 +33,8 @@ def delay_to_ms(delay: object, unit: Literal["seconds", "milliseconds"] = "secon
     per_unit = 1000 if unit == "seconds" else 1
     too_large = InvalidDelay("delay is too large: past the latest supported due time (2248-09-26T15:10:22Z)")
     if isinstance(delay, timedelta):
+        if delay < timedelta(0):  # checked before rounding up: -999 us would round to an accepted 0 ms
+            raise InvalidDelay(f"delay must not be negative, got {delay}")
         millis = -(-(delay // timedelta(microseconds=1)) // 1000)
     elif isinstance(delay, bool) or not isinstance(delay, numbers.Real | Decimal):
         raise InvalidDelay(f"delay must be a number of {unit} or a timedelta, got {type(delay).__name__}")

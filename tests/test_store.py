@@ -77,6 +77,7 @@ def test_absolute_due_time_is_taken_as_given(store):
         (-1, "negative"),
         (-0.001, "negative"),
         (timedelta(seconds=-5), "negative"),
+        (timedelta(microseconds=-1), "negative"),  # not rounded up to an accepted 0 ms
         ("60", "number of seconds"),
         (None, "exactly one"),
         (True, "number of seconds"),
