@@ -355,7 +355,7 @@ def test_a_due_score_of_minus_infinity_is_promoted_with_its_batch(world_on_path:
     world.assert_still_promoting()
 
 
-@pytest.mark.parametrize("spoiled", ["attempts", "leased"])
+@pytest.mark.parametrize("spoiled", ["attempts", "leased", "leased nan"])
 def test_a_spoiled_lease_record_is_dead_lettered_and_its_batch_delivered(redis_server: EmbeddedRedis, spoiled: str):
     # A lease that ran out, its attempts count or due score not a number: giving it back used to fail half-way
     # (the message in no set at all) or refuse every claim of the shard.
@@ -364,7 +364,8 @@ def test_a_spoiled_lease_record_is_dead_lettered_and_its_batch_delivered(redis_s
     try:
         now_ms = int(world.client.time()[0]) * 1000
         world.client.hset(world.keys.msg, "victim", Envelope(route="ready", payload=b"victim").encode(parked_at_ms=1))
-        world.client.hset(world.keys.leased, "victim", "not a score" if spoiled == "leased" else (now_ms - 5000) * 1024)
+        leased = {"leased": "not a score", "leased nan": "nan"}.get(spoiled, (now_ms - 5000) * 1024)
+        world.client.hset(world.keys.leased, "victim", leased)
         world.client.hset(world.keys.attempts, "victim", "garbage" if spoiled == "attempts" else 1)
         world.client.zadd(world.keys.inflight, {"victim": now_ms - 1000})
         world.store.park_many(

@@ -327,7 +327,8 @@ local function lease_record(leased_key, attempts_key, id, now)
     if leased then
         score = tonumber(leased)
     end
-    if not score then
+    -- tonumber takes 'nan' and 'inf' too: ZADD refuses NaN, which failed the script after its deletes.
+    if not score or score ~= score or score == math.huge or score == -math.huge then
         return nil, nil, 'malformed lease record: its due score is not a number'
     end
     local counted = redis.call('HGET', attempts_key, id)
