@@ -96,3 +96,13 @@ def _alive(pid: int) -> bool:
             return stat.read().split(") ")[1][0] != "Z"  # a zombie has exited, its parent gone
     except FileNotFoundError:
         return False
+
+
+def test_a_negative_duration_is_a_usage_error_not_a_traceback():
+    result = subprocess.run(
+        [sys.executable, "-c", "from delay_broker.cli import main; main()", "demo", "--lists", "--seconds", "-3"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 2 and "Invalid value for '--seconds'" in result.stderr, result.stderr

@@ -14,9 +14,17 @@ from rich.table import Table
 
 @click.command(short_help="See it work: a Dramatiq app with and without delay_broker on a private Redis.")
 @click.option("--redis-url", envvar="DELAY_BROKER_REDIS_URL", help="Use this Redis instead of a private one.")
-@click.option("--messages", default=3000, show_default=True, help="How many delayed messages to send.")
-@click.option("--seconds", default=4.0, show_default=True, help="How long sending takes.")
-@click.option("--max-delay", default=8.0, show_default=True, help="Longest delay in seconds (shortest: 2 s).")
+@click.option(
+    "--messages", default=3000, show_default=True, type=click.IntRange(min=1), help="How many delayed messages to send."
+)
+@click.option("--seconds", default=4.0, show_default=True, type=click.FloatRange(min=0), help="How long sending takes.")
+@click.option(
+    "--max-delay",
+    default=8.0,
+    show_default=True,
+    type=click.FloatRange(min=0),
+    help="Longest delay in seconds (shortest: 2 s).",
+)
 @click.option("--lists", is_flag=True, help="Framework-free variant: park and promote into plain Redis lists.")
 def demo(redis_url: str | None, messages: int, seconds: float, max_delay: float, lists: bool) -> None:
     """Send delayed messages to a Dramatiq worker with delay_broker and to a plain Dramatiq worker, side by
