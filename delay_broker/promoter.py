@@ -457,6 +457,8 @@ class Promoter:
         started = time.monotonic()
         done = _Deliveries()
         for message in claim.messages:
+            if message.id in renewal.released():
+                continue  # given back while a delivery before it hung: another promoter's now
             # Stop delivering while a safe margin of the lease is left (renewals move it on): past it another
             # promoter may take the message again, which would be a duplicate.
             if done.outage is not None or self._stopping.is_set() or time.monotonic() > renewal.safe_until():
@@ -464,6 +466,8 @@ class Promoter:
                 continue
             if message.envelope is None:
                 done.failures.append((message.id, message.problem or "corrupt envelope", "dead"))
+                continue
+            if not renewal.begin(message.id):
                 continue
             try:
                 with tracing.promote_span(message.id, message.envelope.route, message.envelope.extra):
@@ -483,6 +487,8 @@ class Promoter:
                 done.by_task[message.envelope.route, message.envelope.name or ""] += 1
                 elapsed_ms = int((time.monotonic() - started) * 1000)
                 done.lateness.append(claim.now_ms + elapsed_ms - message.due_ms)
+            finally:
+                renewal.done()
         return done
 
     def _promoted(self, lateness: Sequence[int], dead: int, by_task: Mapping[tuple[str, str], int]) -> None:

@@ -292,6 +292,42 @@ def test_a_promoter_warns_of_a_redis_that_may_evict_parked_messages(namespace, r
         assert "may evict" not in caplog.text
 
 
+class HangsOnFirst:
+    """A publish that hangs (no timeout, a broker that stopped answering) until released; every delivery noted."""
+
+    def __init__(self) -> None:
+        self.delivered: list[str] = []
+        self.hanging = threading.Event()
+        self.release = threading.Event()
+
+    def deliver(self, message: ClaimedMessage) -> None:
+        if not self.hanging.is_set():
+            self.hanging.set()
+            self.release.wait(30)
+        self.delivered.append(message.id)
+
+
+def test_a_hung_delivery_gives_back_the_rest_of_its_batch(redis_server, namespace):
+    store = DelayStore(redis_server.client(), namespace=namespace)
+    deliverer = HangsOnFirst()
+    ids = park_now(store, 10)
+    stuck = Promoter(store, deliverer, batch=10, max_idle=0.1, lease=1.0).start()
+    assert deliverer.hanging.wait(10)
+    other = Promoter(store, deliverer, batch=10, max_idle=0.1, lease=1.0).start()
+    try:
+        wait_for(lambda: len(deliverer.delivered) == 9, timeout=10, what="the rest delivered by the other promoter")
+        assert store.stats().inflight == 1, "the hung one stays leased to its promoter"
+        deliverer.release.set()
+        wait_for(lambda: store.stats().inflight == 0, timeout=10, what="the hung one acknowledged")
+        time.sleep(1.5)  # past a lease: nothing delivered twice
+    finally:
+        deliverer.release.set()
+        for promoter in (stuck, other):
+            promoter.stop()
+    assert Counter(deliverer.delivered) == Counter(ids)
+    assert store.stats().dead == 0 and store.stats().parked == 0
+
+
 def test_a_publish_slower_than_the_lease_keeps_it_while_redis_is_full(namespace):
     # Over maxmemory Redis refuses a script's first write that may grow memory: a renewal refused there let the
     # other promoter deliver the message again, and again, until it was dead-lettered.
