@@ -607,6 +607,7 @@ class DelayStore:
             far = self._far.delete(unique)
             in_redis = self._cancel_in_redis(unique)
             removed = {id: id in far or gone for id, gone in zip(unique, in_redis, strict=True)}
+            self._count("cancelled", [id for id, gone in zip(unique, in_redis, strict=True) if id in far and not gone])
         first = {id: n for n, id in reversed(list(enumerate(ids)))}
         return [removed[id] and first[id] == n for n, id in enumerate(ids)]
 
@@ -897,6 +898,7 @@ class DelayStore:
                 cancelled = {id for id, was in zip(ids, gone, strict=False) if was}
         if unsure is not None:
             raise unsure
+        parked = []
         for n in chunk:
             id = encoded[n][0]
             if id in in_redis:
@@ -906,6 +908,20 @@ class DelayStore:
             else:
                 replaced = id in previous or id in cancelled
                 results[n] = ParkResult(id, dues[n] or -1, "replaced" if replaced else "new")
+                parked.append(id)
+        self._count("parked", parked)
+
+    def _count(self, field: str, ids: list[str]) -> None:
+        """Add what the far tier did to the store's counters (each id in its shard's), as the scripts count what
+        they do in Redis. Best effort: the rows are written, a counter that misses one is only a figure."""
+        for shard, group in self._by_shard(ids).items():
+            try:
+                with self._redis(f"counting {field}"):
+                    self.client.hincrby(self.shards[shard].stats, field, len(group))
+            except DelayBrokerError as error:
+                logger.warning(
+                    "Store %r: counting %d %s message(s) failed: %s", self.keys.namespace, len(group), field, error
+                )
 
     def _held_in_redis(self, ids: list[str]) -> dict[str, int]:
         """The ids of ``ids`` that Redis holds, with their due time (-1 in flight or dead): one pipelined round

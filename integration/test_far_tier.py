@@ -144,6 +144,8 @@ def test_rows_come_into_redis_within_the_horizon_and_run_once_after_due(tiered: 
     assert store.stats().far == 0 and client.zcard(store.keys.moved) == 0
     lateness = promoter.counters
     assert lateness.promoted == 20 and all(result.due_ms > 0 for result in parked)
+    counters = store.stats().counters
+    assert (counters.get("parked"), counters.get("moved_in"), counters.get("promoted")) == (20, 20, 20)
 
 
 def test_cancel_and_reschedule_reach_either_tier(tiered: Any) -> None:
@@ -151,8 +153,10 @@ def test_cancel_and_reschedule_reach_either_tier(tiered: Any) -> None:
     store.park("a", Envelope("ready", b"a"), delay=3600)
     store.park("b", Envelope("ready", b"b"), delay=3600)
     store.park("c", Envelope("ready", b"c"), delay=1)
+    assert store.stats().counters.get("parked") == 3, "a far park counts as one, as a park in Redis does"
     assert store.cancel_each(["a", "c", "nope"]) == [True, True, False]
     assert store.get("a") is None and store.get("c") is None
+    assert store.stats().counters.get("cancelled") == 2, "a far row cancelled counts as one"
 
     later = store.reschedule("b", delay=7200, envelope=Envelope("ready", b"b2"))
     info = store.get("b")

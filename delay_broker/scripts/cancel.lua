@@ -31,7 +31,7 @@ for i = 2, #ARGV do
     local id = ARGV[i]
     result[i - 1] = 1
     if redis.call('ZREM', DUE, id) == 1 or redis.call('ZREM', DEAD, id) == 1 then
-        cancelled = cancelled + 1
+        cancelled = cancelled + 1  -- not counted when replacing: the far row is the same message, parked again
     elseif replacing and redis.call('ZREM', INFLIGHT, id) == 1 then
         redis.call('HDEL', LEASED, id)
         delivered = delivered + 1
@@ -47,7 +47,7 @@ if #removed > 0 then
     redis.call('HDEL', ATTEMPTS, unpack(removed))
     redis.call('HDEL', ERRORS, unpack(removed))
 end
-if cancelled > 0 then
+if cancelled > 0 and not replacing then
     redis.call('HINCRBY', STATS, 'cancelled', cancelled)
 end
 if delivered > 0 then

@@ -8,7 +8,7 @@
 --   ATTEMPTS  HASH id -> failed attempts
 --   ERRORS    HASH id -> last error
 --   WAKE      LIST wake marker
---   STATS     HASH counters
+--   STATS     HASH counters ('parked'; 'moved_in' when adopting far rows)
 --   CRON      HASH schedule name -> due ms of the latest occurrence parked for it
 --   SCHEDULES_REV  STRING revision of the runtime schedules' definitions
 --   MOVED     ZSET far-tier token -> when its message was moved in (adopting, or replacing far rows)
@@ -154,7 +154,8 @@ if writing > 0 then
     local problem = (woke == 1 and wrong_type(WAKE, 'list'))
         or (retiring and wrong_type(MOVED, 'zset'))
         or (replacing and wrong_type(LEASED, 'hash', ATTEMPTS, 'hash', ERRORS, 'hash'))
-        or count_first(STATS, 'parked', writing)
+        -- A far row was counted as parked when it was parked: moving it in is counted apart.
+        or count_first(STATS, adopting and 'moved_in' or 'parked', writing)
     if problem then
         return problem
     end
