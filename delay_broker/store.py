@@ -1501,19 +1501,17 @@ class DelayStore:
     def eviction_policies(self) -> dict[str, str]:
         """The masters of this store's shards that may evict keys (a ``maxmemory`` and a policy other than
         ``noeviction``), each with its policy: such a server deletes parked messages silently when it fills up.
-        Empty when none may, or when the user may not run ``INFO``."""
+        Empty when none may, or when the user may not read the settings (no ``+info``)."""
         risky: dict[str, str] = {}
         for shard, space in enumerate(self.shards):
             try:
-                with self._redis("reading the memory settings"):
-                    client = self._shard_client(space)
-                    memory = client.info("memory")
+                reply = self._run("memory_policy", shard, [], write=False)
             except DelayBrokerError:
                 continue
-            if int(memory.get("maxmemory", 0)) and memory.get("maxmemory_policy", "noeviction") != "noeviction":
-                kwargs = client.connection_pool.connection_kwargs  # no address behind Sentinel: the shard, then
+            if len(reply) == 2 and int(reply[0]) and _text(reply[1]) != "noeviction":
+                kwargs = self._shard_client(space).connection_pool.connection_kwargs  # Sentinel: no address
                 server = f"{kwargs['host']}:{kwargs.get('port', 6379)}" if "host" in kwargs else f"of shard {shard}"
-                risky[server] = memory["maxmemory_policy"]
+                risky[server] = _text(reply[1])
         return risky
 
     def forget_promoter(self, promoter_id: str) -> None:

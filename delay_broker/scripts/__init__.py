@@ -32,6 +32,7 @@ NAMES = (
     "trim_dead",
     "schedule_update",
     "find",
+    "memory_policy",
 )
 
 
