@@ -441,14 +441,16 @@ class Promoter:
         Redis blip (a slot in migration answering TRYAGAIN, a failover) made every delivered message of the
         batch run again once its lease ran out, and counted it an attempt: dead-lettered at max_attempts."""
         pause = 0.05
+        last_try = False
         while True:
             try:
                 return settle()
             except StoreError as error:
-                if time.monotonic() + pause >= renewal.held_until():
+                if last_try or time.monotonic() + pause >= renewal.held_until():
                     raise
                 logger.debug("Promoter %s: settling a claim failed, trying again: %s", self.id, error)
-                time.sleep(pause)
+                # A stop asked for meanwhile gets one more try, not the rest of the lease: stop() has a timeout.
+                last_try = self._stopping.wait(pause)
                 pause = min(pause * 2, 1.0)
 
     def _deliver_each(self, claim: Claim, renewal: LeaseRenewal) -> _Deliveries:

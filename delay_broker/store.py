@@ -1479,7 +1479,9 @@ class DelayStore:
         # a Dramatiq RedisBroker's) and keeps it as orig_socket_timeout: a 5 s BLPOP would then time out.
         socket_timeout = kwargs["socket_timeout"] if "socket_timeout" in kwargs else kwargs.get("orig_socket_timeout")
         if socket_timeout:
-            timeout = min(timeout, max(float(socket_timeout) - 1.0, 0.001))
+            # Within the socket timeout with room for the reply, and never a mere millisecond: the promoter
+            # blocks again until its wait is over, and a 1 ms BLPOP made that hundreds of calls a second.
+            timeout = min(timeout, max(float(socket_timeout) - 1.0, float(socket_timeout) / 2))
         keys = [shards[0].wake_one(promoter_id), shards[0].wake]
         with self._redis(f"BLPOP on the wake lists {keys}"):
             popped = self.client.blpop(keys, timeout=timeout)

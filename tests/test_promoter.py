@@ -176,6 +176,19 @@ def test_a_short_socket_timeout_does_not_deafen_a_sleeping_promoter(redis_server
         promoter.stop()
 
 
+def test_a_socket_timeout_of_a_second_does_not_make_the_sleep_a_busy_loop(namespace, ready_key):
+    with EmbeddedRedis() as server:
+        store = DelayStore(server.client(socket_timeout=1.0), namespace=namespace)
+        store.park("later", envelope(b"later"), delay=3)
+        promoter = Promoter(store, direct(ready_key), max_idle=10).start()
+        try:
+            wait_for(lambda: server.client().llen(ready_key) == 1, timeout=10)
+        finally:
+            promoter.stop()
+        blpops = server.client().info("commandstats").get("cmdstat_blpop", {}).get("calls", 0)
+        assert blpops <= 10, f"{blpops} BLPOPs in a 3 s sleep: half-second turns make about 6"
+
+
 def test_a_promoter_with_no_route_yet_waits_without_errors_and_serves_routes_declared_later(store, client, ready_key):
     # A Dramatiq worker boots its promoter before any actor (and so any queue) is declared.
     deliverer = DirectLists({})
@@ -466,6 +479,28 @@ def test_an_ack_that_meets_redis_away_is_made_when_it_is_back_within_the_lease(n
             promoter.stop()
         assert Counter(deliverer.delivered) == Counter(ids), "each once"
         assert store.stats().dead == 0
+
+
+def test_stop_does_not_wait_out_the_lease_while_redis_is_away(namespace):
+    # The ack is tried again while the lease holds, but a stop asked for meanwhile ends that after one more try.
+    with EmbeddedRedis() as server:
+        client = server.client(socket_timeout=1, socket_connect_timeout=0.5, retry=Retry(NoBackoff(), 0))
+        store = DelayStore(client, namespace=namespace)
+        park_now(store, 3)
+        gone = threading.Event()
+
+        class KillsRedis:
+            def deliver(self, message: ClaimedMessage) -> None:
+                if not gone.is_set():
+                    server.stop(kill=True)
+                    gone.set()
+
+        promoter = Promoter(store, KillsRedis(), max_idle=0.2, lease=30).start()
+        assert gone.wait(10)
+        time.sleep(0.5)  # the ack failing, tried again
+        started = time.monotonic()
+        promoter.stop(timeout=5)
+        assert not promoter.running and time.monotonic() - started < 5
 
 
 def test_promoter_rides_out_a_redis_outage(namespace, ready_key):
