@@ -41,7 +41,9 @@ def test_the_demo_on_a_given_redis_removes_what_it_wrote(redis_server, client):
         return [key for key in client.scan_iter() if b"demo-" in key]
 
     assert demo_keys() == []
-    rows = run_demo("--redis-url", redis_server.url, "--messages", "50", private=False)
+    rows = run_demo(
+        "--redis-url", redis_server.url, "--messages", "50", "--seconds", "0.5", "--max-delay", "2.5", private=False
+    )
     assert rows["executed"] == ["50", "50"]
     assert demo_keys() == []
 
