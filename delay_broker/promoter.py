@@ -459,7 +459,7 @@ class Promoter:
         started = time.monotonic()
         done = _Deliveries()
         for message in claim.messages:
-            if message.id in renewal.released():
+            if renewal.was_released(message.id):
                 continue  # given back while a delivery before it hung: another promoter's now
             # Stop delivering while a safe margin of the lease is left (renewals move it on): past it another
             # promoter may take the message again, which would be a duplicate.

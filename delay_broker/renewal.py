@@ -74,10 +74,10 @@ class LeaseRenewal:
         with self._progress:
             self._delivering_since = None
 
-    def released(self) -> frozenset[str]:
-        """The ids given back while a delivery hung."""
+    def was_released(self, id: str) -> bool:
+        """Whether ``id`` was given back while a delivery before it hung."""
         with self._progress:
-            return frozenset(self._released)
+            return id in self._released
 
     def stop(self) -> int:
         """Stop renewing; returns the lease deadline to acknowledge with (it changes at every renewal)."""
