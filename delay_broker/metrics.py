@@ -48,8 +48,9 @@ STORE_EVENTS = ("parked", "promoted", "dead_lettered", "dead_dropped", "retried"
 LATENESS_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0)
 """Seconds between a message's due time and its promotion."""
 
-STAGES = ("redis", "target", "internal")
-"""Where a promoter cycle can fail: the store's Redis, the target broker, anything else (a bug)."""
+STAGES = ("redis", "target", "configuration", "internal")
+"""Where a promoter cycle can fail: the store's Redis, the target broker, a configuration that cannot work (such
+as a malformed shard count), anything else (a bug)."""
 
 MAX_QUEUES = 100
 MAX_TASKS = 500

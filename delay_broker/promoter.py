@@ -151,6 +151,7 @@ class Promoter:
         self.deliverer = deliverer
         self.batch = batch
         self.lease = lease
+        self._eviction_checked = False
         self.max_idle = max_idle
         self.listener = listener
         self.cron = cron
@@ -209,14 +210,6 @@ class Promoter:
         """Promote until :meth:`stop` is called (blocks the calling thread)."""
         mode = "exactly-once" if isinstance(self.deliverer, DirectDeliverer) else "at-least-once"
         logger.info("Promoter %s started on %s (%s).", self.id, self.store.keys.pattern, mode)
-        for server, policy in self.store.eviction_policies().items():
-            logger.warning(
-                "Promoter %s: Redis %s may evict keys (maxmemory-policy %s): once full it deletes parked messages "
-                "without a trace. Set maxmemory-policy noeviction for the delay store.",
-                self.id,
-                server,
-                policy,
-            )
         sweeper = None
         if self.store.far_tier is not None:
             sweeper = threading.Thread(target=self._sweep, name=f"delay-broker-sweeper-{self.id}", daemon=True)
@@ -290,9 +283,24 @@ class Promoter:
 
     # -- one cycle -------------------------------------------------------------------------------------
 
+    def _warn_of_eviction(self) -> None:
+        """Once per run, when Redis first answers (it may be away when the promoter starts: that is an outage
+        to back off from, not a reason to stop)."""
+        for server, policy in self.store.eviction_policies().items():
+            logger.warning(
+                "Promoter %s: Redis %s may evict keys (maxmemory-policy %s): once full it deletes parked messages "
+                "without a trace. Set maxmemory-policy noeviction for the delay store.",
+                self.id,
+                server,
+                policy,
+            )
+        self._eviction_checked = True
+
     def _promote_once(self) -> tuple[bool, float]:
         """Promotes on every shard that needs a look; returns whether a batch was full and how long (s) until
         the next look."""
+        if not self._eviction_checked:
+            self._warn_of_eviction()
         started = time.monotonic()
         if started - self._layout_checked >= self.max_idle:
             self._layout_checked = started

@@ -503,6 +503,21 @@ def test_stop_does_not_wait_out_the_lease_while_redis_is_away(namespace):
         assert not promoter.running and time.monotonic() - started < 5
 
 
+def test_a_promoter_started_while_redis_is_away_waits_for_it(namespace, ready_key):
+    server = EmbeddedRedis()  # not started yet: the promoter starts first, as a worker may on a reboot
+    try:
+        store = DelayStore(server.client(socket_timeout=2, socket_connect_timeout=0.5), namespace=namespace)
+        promoter = Promoter(store, direct(ready_key), max_idle=0.2).start()
+        wait_for(lambda: promoter.counters.errors >= 1, timeout=10, what="an outage backed off from")
+        server.start()
+        store.park("after", envelope(b"after"), delay=0.2)
+        wait_for(lambda: server.client().llen(ready_key) == 1, timeout=20, what="promoted once Redis is up")
+        assert promoter.running
+        promoter.stop()
+    finally:
+        server.close()
+
+
 def test_promoter_rides_out_a_redis_outage(namespace, ready_key):
     with EmbeddedRedis(["--appendonly", "yes", "--appendfsync", "always"]) as server:
         store = DelayStore(server.client(socket_timeout=5, socket_connect_timeout=1), namespace=namespace)
