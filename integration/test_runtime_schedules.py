@@ -81,8 +81,8 @@ def test_four_promoters_run_a_schedule_added_paused_run_now_changed_and_removed_
         time.sleep(2.0)
         assert len(runs("every1")) == count + 1, "only the run-now request ran while paused"
 
+        resumed_at = time.time() * 1000  # before the call: the first occurrence may run before the CLI returns
         cli(deployment, "resume", "rt")
-        resumed_at = time.time() * 1000
         wait_for(lambda: len(runs("every1")) >= count + 3, 60, "occurrences after the resume")
 
         cli(deployment, "change", "rt", "--every", "2s", "--args", '["every2"]')
