@@ -21,7 +21,7 @@ from ..errors import DelayBrokerError
 from ..keys import DEFAULT_NAMESPACE, DEFAULT_PREFIX
 from ..operations import BulkResult, MessageFilter, Operations
 from ..store import DelayStore, MessageInfo
-from .format import format_time, parse_when, printable
+from .format import describe_filter, parse_when, printable
 
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR")
 
@@ -302,25 +302,6 @@ def filter_options(func: F) -> F:
     for option in reversed(_FILTER_OPTIONS):
         command = option(command)
     return cast(F, command)
-
-
-def describe_filter(filter: MessageFilter) -> str:
-    """``queue 'emails', task 'send_email'``: what a filter selects, for confirmations."""
-    parts = [
-        f"{label} {printable(value)!r}"
-        for label, value in (
-            ("queue", filter.queue),
-            ("task", filter.task),
-            ("id prefix", filter.id_prefix),
-            ("text", filter.text),
-        )
-        if value
-    ]
-    if filter.start_ms is not None:
-        parts.append(f"from {format_time(filter.start_ms)}")
-    if filter.end_ms is not None:
-        parts.append(f"to {format_time(filter.end_ms)}")
-    return ", ".join(parts) or "everything"
 
 
 def act_on_filter(

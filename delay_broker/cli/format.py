@@ -17,6 +17,7 @@ from ..clock import MAX_DUE_MS, due_to_ms, ms_to_datetime
 from ..clock import iso_time as iso_time
 from ..decoding import decode_payload
 from ..envelope import Envelope
+from ..operations import MessageFilter
 from ..store import DelayStore, MessageInfo, StoreStats
 
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
@@ -222,3 +223,24 @@ def bar(count: int, largest: int, width: int = 40) -> str:
     eighths = max(1, round(count / largest * width * 8))
     full, rest = divmod(eighths, 8)
     return "█" * full + ("", "▏", "▎", "▍", "▌", "▋", "▊", "▉")[rest]
+
+
+def describe_filter(filter: MessageFilter) -> str:
+    """``queue 'emails', due until 2030-01-31 12:00:00Z``: what a filter selects, for confirmations (the CLI's
+    and the dashboard's)."""
+    parts = [
+        f"{label} {printable(value)!r}"
+        for label, value in (
+            ("queue", filter.queue),
+            ("task", filter.task),
+            ("id prefix", filter.id_prefix),
+            ("text", filter.text),
+        )
+        if value
+    ]
+    when = {"due": "due", "inflight": "lease until", "dead": "dead"}[filter.state]
+    if filter.start_ms is not None:
+        parts.append(f"{when} from {format_time(filter.start_ms)}")
+    if filter.end_ms is not None:
+        parts.append(f"{when} until {format_time(filter.end_ms)}")
+    return ", ".join(parts) or "everything"

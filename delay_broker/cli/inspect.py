@@ -25,7 +25,6 @@ from .common import (
     ListState,
     Session,
     cell,
-    describe_filter,
     emit_json,
     filter_options,
     get_message,
@@ -35,6 +34,7 @@ from .common import (
 )
 from .format import (
     bar,
+    describe_filter,
     format_relative,
     format_span,
     format_time,

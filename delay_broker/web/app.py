@@ -20,6 +20,7 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
+from ..cli.format import describe_filter
 from ..decoding import decode_payload
 from ..errors import DelayBrokerError, InvalidMessage, StoreError
 from ..operations import BulkResult, Ids, Operations
@@ -28,7 +29,6 @@ from ..store import DelayStore, MessageInfo
 from . import csrf
 from .charts import bar_chart
 from .views import (
-    describe_filter,
     filter_fields,
     filter_from,
     filter_query,

@@ -96,26 +96,6 @@ def filter_query(filter: MessageFilter | None) -> str:
     return "" if filter is None else urlencode(filter_fields(filter))
 
 
-def describe_filter(filter: MessageFilter) -> str:
-    """``queue 'emails', due until 2030-01-31 12:00:00Z``: what a filter selects, for the confirm page."""
-    parts = [
-        f"{label} {value!r}"
-        for label, value in (
-            ("queue", filter.queue),
-            ("task", filter.task),
-            ("id prefix", filter.id_prefix),
-            ("text", filter.text),
-        )
-        if value
-    ]
-    when = {"due": "due", "inflight": "lease until", "dead": "dead"}[filter.state]
-    if filter.start_ms is not None:
-        parts.append(f"{when} from {format_time(filter.start_ms)}")
-    if filter.end_ms is not None:
-        parts.append(f"{when} until {format_time(filter.end_ms)}")
-    return ", ".join(parts) or "everything"
-
-
 def message_view(info: MessageInfo) -> dict[str, Any]:
     """A message as a list row or a detail page shows it (every string is escaped by the templates)."""
     envelope = info.envelope
