@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Protocol, TypeVar, runtime_checkable
 from . import tracing
 from .errors import ConfigurationError, DelayBrokerError, DeliveryRefused, StoreError, TargetUnavailable
 from .renewal import LeaseRenewal
+from .stop_flag import StopFlag
 from .store import MAX_BATCH, Claim, ClaimedMessage, DelayStore, NackAction, new_promoter_id
 from .targets import ListTarget
 
@@ -159,7 +160,7 @@ class Promoter:
             cron.on_missed = self._schedule_missed
         self.id = name or new_promoter_id()
         self.counters = PromoterCounters(keep_lateness=keep_lateness)
-        self._stopping = threading.Event()
+        self._stopping = StopFlag()  # set by request_stop(), which a SIGTERM handler calls
         self._thread: threading.Thread | None = None
         self._redis_down = False
         self._failures = 0

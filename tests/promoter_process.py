@@ -12,6 +12,7 @@ then reads the namespace's shard count, and the target list is pushed through th
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import signal
 import time
 
@@ -79,6 +80,7 @@ def main() -> None:
     )
     promoter = Promoter(store, deliverer, batch=options.batch, lease=options.lease, max_idle=options.max_idle)
     signal.signal(signal.SIGTERM, lambda *_: promoter.request_stop())
+    faulthandler.register(signal.SIGUSR1)  # a test that times out waiting for this process shows where it hung
     print("ready", flush=True)
     promoter.run()
 

@@ -557,7 +557,13 @@ def _stop(processes: list[subprocess.Popen[str]]) -> None:
         if process.poll() is None:
             process.send_signal(signal.SIGTERM)
     for process in processes:
-        process.wait(15)
+        try:
+            process.wait(15)
+        except subprocess.TimeoutExpired:
+            process.send_signal(signal.SIGUSR1)  # its stacks, on stderr
+            time.sleep(1)
+            process.kill()
+            raise
 
 
 @pytest.mark.parametrize("mode", ["exactly-once", "at-least-once"])

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -10,6 +9,7 @@ import click
 
 from ..errors import DelayBrokerError
 from ..keys import DEFAULT_NAMESPACE
+from ..stop_flag import StopFlag
 from .common import LOG_LEVELS, open_session, prefix_option, reports_errors
 
 # -- promote / metrics --------------------------------------------------------------------------------------------
@@ -171,7 +171,7 @@ def wait_for_signal() -> None:
     """Block until SIGINT or SIGTERM."""
     from . import on_stop_signals  # imported here: delay_broker.cli imports this module
 
-    stopped = threading.Event()
+    stopped = StopFlag()
     with on_stop_signals(stopped.set):
         while not stopped.wait(1.0):
             pass
