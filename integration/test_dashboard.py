@@ -374,6 +374,22 @@ def test_a_bulk_action_does_what_was_confirmed_or_nothing(redis_server: Embedded
         assert served.store.stats().parked == 0
 
 
+def test_a_bulk_action_refuses_as_many_others_as_were_confirmed(redis_server: EmbeddedRedis) -> None:
+    """Confirmed for 2 messages; one is cancelled and another parked before the submit: still 2, but not the 2
+    that were confirmed, so nothing is done."""
+    with own_dashboard(redis_server) as served:
+        for id in ("first", "second"):
+            served.store.park(id, Envelope("emails", b"{}"), delay=3600)
+        confirmed = confirm_page(served.url, {**BULK_CANCEL, "queue": "emails", "from": "", "to": ""})
+        assert served.store.cancel("first")
+        served.store.park("newcomer", Envelope("emails", b"{}"), delay=3600)
+        with pytest.raises(urllib.error.HTTPError) as refused:
+            post_form(served.url + "/actions", confirmed)
+        assert refused.value.code == 409
+        assert "other messages than the 2 you confirmed" in refused.value.read().decode()
+        assert sorted(info.id for info in served.store.iter_all("due")) == ["newcomer", "second"]
+
+
 def test_a_relative_window_means_the_instants_it_meant_when_confirmed(redis_server: EmbeddedRedis) -> None:
     """``to=2s`` confirmed is the instant 2 s after the confirm page was made, not 2 s after the submit."""
     with own_dashboard(redis_server) as served:

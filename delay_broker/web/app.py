@@ -5,9 +5,9 @@ anywhere but the app itself. Every write is a POST with a CSRF token; a read-onl
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import json
-import sys
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from functools import partial
 from importlib import resources
 from typing import Any, TypeVar
@@ -207,10 +207,11 @@ class _Dashboard:
                 count, carried = len(ids), {"ids": fields["ids"]}
             else:
                 assert filter is not None
-                # All of it, not a lower bound: the submit is held to this number. The window goes on as the
+                # The submit is held to exactly these messages, by a digest of their ids. The window goes on as the
                 # instants it meant now, so a relative time is not read again against the submit's now.
-                count = (await self.call(self.ops.count, filter, max_scan=sys.maxsize)).matched
-                carried = {**filter_fields(filter), "scope": "filter", "count": str(count)}
+                matched = await self.call(self.ops.select, filter)
+                count = len(matched)
+                carried = {**filter_fields(filter), "scope": "filter", "count": str(count), "digest": digest(matched)}
             return self.render(
                 request,
                 "confirm.html",
@@ -228,17 +229,20 @@ class _Dashboard:
         else:
             assert filter is not None
             confirmed = fields.get("count", "")
-            if not confirmed.isdigit():
-                message = "This form does not say how many messages were confirmed: nothing was done. Confirm again."
+            if not confirmed.isdigit() or not fields.get("digest"):
+                message = "This form does not say which messages were confirmed: nothing was done. Confirm again."
                 return self.render(request, "error.html", status=400, message=message, back=back)
-            targets = await self.call(self.ops.select, filter)
-            if len(targets) != int(confirmed):
-                # Parked, promoted or moved since the count: not what was said yes to. The operator looks again.
-                message = (
-                    f"The filter now matches {len(targets):,} message(s), not the {int(confirmed):,} you confirmed: "
-                    "nothing was done. Look at the list again and confirm anew."
+            selected = await self.call(self.ops.select, filter)
+            if digest(selected) != fields["digest"]:
+                # Parked, promoted or moved since the confirm: not what was said yes to. The operator looks again.
+                now = (
+                    f"{len(selected):,} message(s), not the {int(confirmed):,} you confirmed"
+                    if len(selected) != int(confirmed)
+                    else f"other messages than the {int(confirmed):,} you confirmed (as many left it as came in)"
                 )
+                message = f"The filter now matches {now}: nothing was done. Look at the list again and confirm anew."
                 return self.render(request, "error.html", status=409, message=message, back=back)
+            targets = selected
         try:
             result = await self.call(self._apply, action, targets)
         except DelayBrokerError as error:
@@ -269,6 +273,16 @@ class _Dashboard:
         except DelayBrokerError as error:
             return self.render(request, "error.html", status=409, message=str(error))
         return RedirectResponse(f"{request.scope.get('root_path', '')}/schedules", status_code=303)
+
+
+def digest(selected: Mapping[str, str]) -> str:
+    """Names a set of ids (in any order) in a form field: the confirm page carries it, and the submit acts only
+    if its own selection has the same."""
+    hashed = hashlib.sha256()
+    for id in sorted(selected):
+        encoded = id.encode("utf-8", "surrogatepass")
+        hashed.update(len(encoded).to_bytes(4, "big") + encoded)
+    return hashed.hexdigest()
 
 
 def ids_from(fields: dict[str, str]) -> list[str] | None:
