@@ -35,6 +35,7 @@ from .errors import (
     ConfigurationError,
     CorruptEnvelope,
     DelayBrokerError,
+    FarTierUnavailable,
     InvalidDelay,
     InvalidMessage,
     NotReplicated,
@@ -578,9 +579,16 @@ class DelayStore:
         being promoted is another message of the same id (a retry reuses its message's id, and the run it
         retries may still be in flight), and when Redis cannot be asked: nothing more can be done."""
         try:
-            if self.cancel(id):
-                return True
-            info = self.get(id)
+            try:
+                if self.cancel(id):
+                    return True
+                info = self.get(id)
+            except FarTierUnavailable:
+                # A row cannot be taken back while PostgreSQL is away (nothing more can be done there), but the
+                # copy in Redis can, and must be: a park whose rows were not deleted wrote one.
+                if self._cancel_in_redis([id])[0]:
+                    return True
+                info = self._get_in_redis(id)
             return info is None or info.envelope is None or info.envelope.payload != payload
         except NotReplicated:
             return True  # removed on the master, unconfirmed like the park it takes back
@@ -838,6 +846,8 @@ class DelayStore:
         """Park in Redis (``chunk``: up to 1,000 ids of one shard), replacing (or keeping) a row of the same id."""
         assert self._far is not None
         shard = self.shard_for(encoded[chunk[0]][0])
+        parked: list[ParkResult] | None = None
+        replaced: dict[str, int] = {}
         with self._far.parking([encoded[n][0] for n in chunk]) as rows:
             if on_conflict == "keep":
                 held = rows.due_times([encoded[n][0] for n in chunk])
@@ -846,15 +856,25 @@ class DelayStore:
                         results[n] = ParkResult(encoded[n][0], held[encoded[n][0]], "kept")
                 chunk = [n for n in chunk if results[n] is None]
                 parked = self._park(shard, [encoded[n] for n in chunk], on_conflict) if chunk else []
-                replaced: dict[str, int] = {}
             else:
                 # Deleted in a transaction committed only once the park in Redis is done: a park that fails
                 # leaves the rows as they were. The park records the rows' tokens as moved in: if the commit
                 # then fails, the rows it leaves are never moved into Redis beside the new copy.
-                with rows.deleted([encoded[n][0] for n in chunk]) as replaced:
-                    parked = self._park(shard, [encoded[n] for n in chunk], on_conflict, retire=list(replaced.values()))
-                if replaced:
-                    self._forget_tokens(shard, list(replaced.values()))
+                try:
+                    with rows.deleted([encoded[n][0] for n in chunk]) as replaced:
+                        parked = self._park(
+                            shard, [encoded[n] for n in chunk], on_conflict, retire=list(replaced.values())
+                        )
+                except FarTierUnavailable as error:
+                    if parked is None:
+                        raise
+                    # Parked all the same, and so reported: the rows left are retired (their tokens recorded),
+                    # and raising would have the caller send the message some other way, to run twice.
+                    logger.warning("Parked in Redis; the far rows it replaces are left, retired: %s", error)
+                else:
+                    if replaced:
+                        self._forget_tokens(shard, list(replaced.values()))
+        assert parked is not None
         for n, result in zip(chunk, parked, strict=True):
             results[n] = dataclasses.replace(result, outcome="replaced") if result.id in replaced else result
 
@@ -1052,11 +1072,16 @@ class DelayStore:
     def get(self, id: str) -> MessageInfo | None:
         check_id(id)
         if self._far is not None:
-            # The row first: a message moved in meanwhile is in Redis before its row is deleted.
+            # The row first: a message moved in meanwhile is in Redis before its row is deleted. A row whose token
+            # is recorded as moved in is such a one, or one a park in Redis replaced: the copy in Redis is it.
             row = self._far.get(id)
-            if row is not None:
+            if row is not None and not self._moved_in(id, row.token):
                 return self._far_info(row)
         return self._get_in_redis(id)
+
+    def _moved_in(self, id: str, token: int) -> bool:
+        with self._redis("reading moved tokens"):
+            return self.client.zscore(self.shards[self.shard_for(id)].moved, token) is not None
 
     def _get_in_redis(self, id: str) -> MessageInfo | None:
         for shard in self._shards_to_search(id):

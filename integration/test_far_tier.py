@@ -268,11 +268,13 @@ def test_a_near_park_whose_commit_failed_never_lets_the_row_it_replaced_run(
             return parked
 
         store._park = park_then_postgresql_dies  # type: ignore[method-assign]
-        with pytest.raises(FarTierUnavailable):
-            store.park("job", Envelope("ready", b"near"), delay=0.2)
+        # Parked, and so reported: raising made the adapters send the message another way too, to run twice.
+        assert store.park("job", Envelope("ready", b"near"), delay=0.2).outcome == "replaced"
         store._park = real_park  # type: ignore[method-assign]
         own_postgres.start()
         assert store._far is not None and store._far.get("job") is not None, "the delete was rolled back"
+        info = store.get("job")
+        assert info is not None and info.envelope is not None and info.envelope.payload == b"near", "not the row"
         stats = store.stats()
         assert (stats.parked, stats.far) == (1, 0), "counted once, as the copy in Redis"
         wait_for(lambda: promote(store, target), 5, "the near copy promoted")
@@ -281,6 +283,24 @@ def test_a_near_park_whose_commit_failed_never_lets_the_row_it_replaced_run(
         assert promote(store, target) == 0 and client.lrange(target, 0, -1) == [b"near"], "run once, the near copy"
     finally:
         client.delete(target, *client.scan_iter(match=store.keys.pattern))
+        client.close()
+
+
+def test_withdraw_takes_the_copy_in_redis_back_while_postgresql_is_down(
+    redis_server: EmbeddedRedis, own_postgres: PostgresServer, unique: str
+) -> None:
+    """What an adapter calls before sending a message another way after a failed park: the copy the park left in
+    Redis must go, PostgreSQL or not, or the message runs twice."""
+    client = redis_server.client()
+    tier = FarTier(own_postgres.url, horizon=HORIZON, sweep_interval=0.1, lease=5.0)
+    store = DelayStore(client, namespace=f"withdraw-{unique}", far_tier=tier)
+    try:
+        store.park("job", Envelope("ready", b"near"), delay=0.2)
+        own_postgres.stop("immediate")
+        assert store.withdraw("job", b"near")
+        assert client.zcard(store.keys.due) == 0 and not client.hexists(store.keys.msg, "job")
+    finally:
+        client.delete(*client.scan_iter(match=store.keys.pattern))
         client.close()
 
 
