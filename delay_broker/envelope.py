@@ -53,6 +53,10 @@ class Envelope:
     hash_field: str | None = None
     parked_at_ms: int = 0
     extra: dict[str, Any] = field(default_factory=dict)
+    version: int = field(default=0, compare=False)
+    """The record format this envelope was read from (0: not read from a record). A store rewriting it (a Celery
+    reschedule moves the payload's eta) writes no newer format: an old record stays readable by the promoters
+    of the release that wrote it, during a rolling upgrade."""
 
     def encode(self, parked_at_ms: int = 0, version: int = VERSION) -> bytes:
         """The stored bytes; ``parked_at_ms`` stands in for an unset :attr:`parked_at_ms`. ``version=1`` writes
@@ -142,6 +146,7 @@ class Envelope:
             hash_field=hash_field,
             parked_at_ms=parked_at,
             extra=extra,
+            version=1,
         )
 
 
@@ -207,4 +212,5 @@ def _decode_v2(raw: bytes) -> Envelope:
         hash_field=hash_field,
         parked_at_ms=high << 32 | low,
         extra=extra,
+        version=_V2,
     )

@@ -569,7 +569,8 @@ class DelayStore:
         extra = tracing.with_context(envelope.extra, keep=keep_context)
         if extra != envelope.extra:
             envelope = dataclasses.replace(envelope, extra=extra)
-        return envelope.encode(int(time.time() * 1000), self.record_version)
+        version = min(self.record_version, envelope.version) if envelope.version else self.record_version
+        return envelope.encode(int(time.time() * 1000), version)
 
     def withdraw(self, id: str, payload: bytes) -> bool:
         """After a park of ``payload`` under ``id`` raised :class:`StoreUnavailable` (:class:`NotReplicated`,

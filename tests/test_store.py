@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from datetime import datetime, timedelta, timezone
@@ -215,6 +216,19 @@ def test_reschedule_later_and_to_now(store, client, ready_key):
     assert promote(store, ready_key) == 1
     assert client.rpop(ready_key) == b"p"
     assert store.reschedule("job", delay=0) is None
+
+
+def test_a_rewrite_keeps_the_record_format_an_older_release_wrote(store, client):
+    """A rolling upgrade: a JSON-header record rewritten by a new release (the CLI moving a Celery task's eta)
+    stays JSON, or the older release's promoters would dead-letter it. New records are written as configured."""
+    DelayStore(client, namespace=store.keys.namespace, record_version=1).park("old", envelope(b"v1"), delay=60)
+    info = store.get("old")
+    assert info is not None and info.envelope is not None and info.envelope.version == 1
+    store.reschedule("old", delay=120, envelope=dataclasses.replace(info.envelope, payload=b"rewritten"))
+    assert client.hget(store.keys.msg, "old").startswith(b'{"v":1,')
+    assert store.get("old").envelope.payload == b"rewritten"
+    store.park("new", envelope(b"v2"), delay=60)
+    assert client.hget(store.keys.msg, "new").startswith(b"\x02")
 
 
 def test_reschedule_to_an_absolute_time(store):
