@@ -21,6 +21,8 @@ MAX_DUE_MS = 2**53 // FIFO_SLOTS - 1
 Delay = float | int | timedelta
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
+_EARLIEST_SHOWN_MS = (datetime(1, 1, 2, tzinfo=timezone.utc) - _EPOCH) // timedelta(milliseconds=1)
+_LATEST_SHOWN_MS = (datetime(9999, 12, 30, tzinfo=timezone.utc) - _EPOCH) // timedelta(milliseconds=1)
 
 
 def delay_to_ms(delay: object, unit: Literal["seconds", "milliseconds"] = "seconds") -> int:
@@ -83,6 +85,9 @@ def due_to_ms(due: datetime) -> int:
 
 
 def ms_to_datetime(millis: int) -> datetime:
+    # A parked-at read back is the producer's clock, up to the year 10889 in the binary header: one past what a
+    # datetime holds is shown at its edge (a day in, for time zones) rather than failing the whole listing.
+    millis = min(max(millis, _EARLIEST_SHOWN_MS), _LATEST_SHOWN_MS)
     return _EPOCH + timedelta(milliseconds=millis)  # exact: millis / 1000 as a float can be a microsecond off
 
 

@@ -291,6 +291,13 @@ def test_show_decodes_a_celery_message_and_its_base64_body(run, populated):
     assert "Celery message body, decoded (application/json)" in text and '"retry": true' in text
 
 
+def test_show_a_parked_at_time_past_what_a_datetime_holds(run, store):
+    """The binary header holds a producer's parked-at up to the year 10889: shown at the edge, not a traceback."""
+    store.park("far-clock", Envelope("emails", b"{}", parked_at_ms=(1 << 48) - 1), delay=60)
+    assert as_json(run("show", "far-clock", "--json"))["envelope"]["parked_at"].startswith("9999-12-30T")
+    assert "9999-12-30" in run("show", "far-clock").output
+
+
 def test_show_in_flight_and_dead_messages(run, populated):
     inflight = as_json(run("show", "cl-inflight", "--json"))
     assert inflight["state"] == "inflight" and inflight["lease_deadline_ms"] > 0 and inflight["due_ms"] > 0
