@@ -304,6 +304,39 @@ def test_withdraw_takes_the_copy_in_redis_back_while_postgresql_is_down(
         client.close()
 
 
+def test_a_new_process_needs_no_ddl_rights_nor_waits_behind_writes_once_the_table_exists(
+    redis_server: EmbeddedRedis, own_postgres: PostgresServer, unique: str
+) -> None:
+    """A role granted only the table's rows (PostgreSQL 15 gives no CREATE on ``public`` by default) works, and
+    a process's first use does not queue behind an open write transaction on the table, as CREATE INDEX IF NOT
+    EXISTS would (and every park behind that)."""
+    client = redis_server.client()
+    namespace = f"rights-{unique}"
+    DelayStore(client, namespace=namespace, far_tier=FarTier.with_horizon(own_postgres.url, HORIZON)).park(
+        "made-by-admin", Envelope("ready", b"{}"), delay=3600
+    )
+    with psycopg.connect(own_postgres.url, autocommit=True) as admin:
+        admin.execute("CREATE ROLE rows_only LOGIN")
+        admin.execute("GRANT SELECT, INSERT, UPDATE, DELETE ON delay_broker_far TO rows_only")
+        admin.execute("GRANT USAGE, SELECT ON SEQUENCE delay_broker_far_token TO rows_only")
+        admin.execute("REVOKE CREATE ON SCHEMA public FROM PUBLIC")
+    rows_only = own_postgres.url.replace("://delay_broker@", "://rows_only@")
+    assert rows_only != own_postgres.url
+    with psycopg.connect(own_postgres.url) as writer:
+        writer.execute("UPDATE delay_broker_far SET name = name")  # a write transaction left open
+        store = DelayStore(client, namespace=namespace, far_tier=FarTier.with_horizon(rows_only, HORIZON))
+        found: list[Any] = []
+        reader = threading.Thread(target=lambda: found.append(store.get("made-by-admin")), daemon=True)
+        reader.start()
+        reader.join(20)
+        assert found and found[0] is not None and found[0].state == "due", "read while the write is open"
+        writer.rollback()
+    assert store.park("by-rows-only", Envelope("ready", b"{}"), delay=3600).outcome == "new"
+    assert store.stats().far == 2
+    client.delete(*client.scan_iter(match=store.keys.pattern))
+    client.close()
+
+
 @pytest.mark.slow
 def test_sweepers_killed_and_postgresql_restarted_lose_and_duplicate_nothing(
     redis_server: EmbeddedRedis, own_postgres: PostgresServer, unique: str
