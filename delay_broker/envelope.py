@@ -134,6 +134,12 @@ class Envelope:
             raise CorruptEnvelope("malformed envelope: name is not a string")
         if hash_field is not None and not isinstance(hash_field, str):
             raise CorruptEnvelope("malformed envelope: hash field is not a string")
+        # Read as the scripts' cjson reads them, so that both promotion paths take the same records: an empty
+        # array is an empty table there, and a number is an integer when its value is (1.0, 17e11).
+        if extra == []:
+            extra = {}
+        if isinstance(parked_at, float) and parked_at.is_integer():
+            parked_at = int(parked_at)
         if not isinstance(extra, dict):
             raise CorruptEnvelope("malformed envelope: extras are not an object")
         if isinstance(parked_at, bool) or not isinstance(parked_at, int):

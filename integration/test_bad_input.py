@@ -393,6 +393,17 @@ def test_records_of_the_json_format_are_still_promoted(world_on_path: World, pat
     world.assert_still_promoting()
 
 
+def test_json_headers_read_alike_on_both_paths(world_on_path: World) -> None:
+    # Valid JSON that the scripts' cjson reads as integers and an empty object: the exactly-once script took
+    # these while the at-least-once path, decoding in Python, dead-lettered them.
+    world = world_on_path
+    odd = [b'"t":1.0', b'"t":17e11', b'"x":[]']
+    for n, field in enumerate(odd):
+        world.plant(f"odd-{n}", b'{"v":1,"f":"raw","r":"ready",' + field + b"}\n" + field)
+    wait_for(lambda: set(odd) <= set(world.delivered()), what="the three records delivered")
+    assert world.store.stats().dead == 0
+
+
 # -- keys of the wrong type -------------------------------------------------------------------------------------
 
 
