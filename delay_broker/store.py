@@ -611,14 +611,23 @@ class DelayStore:
         if self._far is None:
             removed = dict(zip(unique, self._cancel_in_redis(unique), strict=True))
         else:
-            # The far tier first: deleting a row waits for a mover that holds it, after which the message is in
-            # Redis. Redis is asked for every id, because a mover that died may have left a copy there too.
-            far = self._far.delete(unique)
-            in_redis = self._cancel_in_redis(unique)
-            removed = {id: id in far or gone for id, gone in zip(unique, in_redis, strict=True)}
-            self._count("cancelled", [id for id, gone in zip(unique, in_redis, strict=True) if id in far and not gone])
+            removed = {}
+            for chunk in _chunks(unique):
+                removed.update(self._cancel_tiered(chunk))
         first = {id: n for n, id in reversed(list(enumerate(ids)))}
         return [removed[id] and first[id] == n for n, id in enumerate(ids)]
+
+    def _cancel_tiered(self, ids: list[str]) -> dict[str, bool]:
+        """Cancel in both tiers, under the ids' locks: a park of the same id moving it between the tiers (in
+        neither until it commits) is waited for, not met half-way and missed."""
+        assert self._far is not None
+        with self._far.parking(ids) as rows:
+            # The far tier first: deleting a row waits for a mover that holds it, after which the message is in
+            # Redis. Redis is asked for every id, because a mover that died may have left a copy there too.
+            far = rows.delete(ids)
+            in_redis = self._cancel_in_redis(ids)
+        self._count("cancelled", [id for id, gone in zip(ids, in_redis, strict=True) if id in far and not gone])
+        return {id: id in far or gone for id, gone in zip(ids, in_redis, strict=True)}
 
     def _cancel_in_redis(self, ids: list[str], *, replacing: bool = False) -> list[bool]:
         """Remove the parked or dead copies of ``ids`` from Redis; ``replacing`` (by a far row) also those a

@@ -439,6 +439,31 @@ def test_a_far_park_replaces_a_copy_a_promoter_holds(tiered: Any) -> None:
     assert client.lrange(target, 0, -1) == [b"retry"] and store.stats().parked == 0
 
 
+def test_a_cancel_waits_for_a_park_moving_the_id_between_the_tiers(tiered: Any) -> None:
+    """A far park of an id parked in Redis is in neither tier between its cancel in Redis and its commit: a
+    cancel by another process meeting it there found nothing and left the message to run."""
+    store, client, _ = tiered
+    store.park("x", Envelope("ready", b"near"), delay=1)  # within the horizon: in Redis, no row
+    other = DelayStore(client, namespace=store.keys.namespace, far_tier=store.far_tier)
+    assert other.get("warm-up") is None  # its connection made, as a running process's is
+    cancel_in_redis = store._cancel_in_redis
+    halfway = threading.Event()
+
+    def then_pause(ids: list[str], *, replacing: bool = False) -> list[bool]:
+        gone = cancel_in_redis(ids, replacing=replacing)
+        halfway.set()
+        time.sleep(1.0)  # the row not committed yet
+        return gone
+
+    store._cancel_in_redis = then_pause  # type: ignore[method-assign]
+    parking = threading.Thread(target=lambda: store.park("x", Envelope("ready", b"far"), delay=3600))
+    parking.start()
+    assert halfway.wait(10)
+    assert other.cancel("x") is True, "the cancel met the park half-way"
+    parking.join(10)
+    assert store.get("x") is None and store.stats().far == 0 and redis_holds(client, store) == (0, 0)
+
+
 def test_parks_of_one_id_in_two_tiers_at_once_leave_the_later_one(tiered: Any) -> None:
     """A far park and a near park of the same id by two processes: the second waits for the first to finish in
     both tiers, then replaces it, so exactly one copy is left, the second's."""
@@ -638,7 +663,8 @@ def test_a_far_park_that_raises_because_redis_is_down_leaves_no_row(postgres: Po
         assert store._far.get("warm-up") is not None
     finally:
         server.close()
-        store._far.delete(["warm-up"])  # type: ignore[union-attr]
+        with psycopg.connect(postgres.url, autocommit=True) as connection:
+            connection.execute("DELETE FROM delay_broker_far WHERE namespace = %s", (store._far.namespace,))  # type: ignore[union-attr]
 
 
 def test_finds_counts_and_bulk_actions_see_a_message_moving_in_once(tiered: Any) -> None:

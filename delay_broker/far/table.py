@@ -132,14 +132,6 @@ class FarTable:
     def delete_sql(self) -> str:
         return f"DELETE FROM {self.table} WHERE namespace = %s AND id = ANY(%s) RETURNING id, token"
 
-    def delete(self, ids: Sequence[str]) -> set[str]:
-        """Remove these ids' rows (waiting for a sweeper moving one of them); the ids that had one."""
-        args = (self.namespace, storable(ids))
-        rows = self._run(
-            "cancelling far messages", lambda connection: connection.execute(self.delete_sql, args).fetchall()
-        )
-        return {row[0] for row in rows}
-
     def reschedule(self, id: str, due_ms: int, record: bytes | None, route: str, name: str) -> bool:
         """Give a row a new due time (and record). Its token stays: see :meth:`FarTier.reschedule`."""
         if not storable([id]):
