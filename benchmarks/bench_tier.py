@@ -13,6 +13,7 @@ import time
 import uuid
 from typing import Any
 
+import psycopg
 import redis
 
 from delay_broker import DelayStore, Envelope, ListTarget, ParkRequest, Promoter
@@ -41,8 +42,8 @@ def _store(client: redis.Redis, url: str | None, **tier: Any) -> DelayStore:
 def _drop(client: redis.Redis, store: DelayStore) -> None:
     client.delete(*store.keys.all())
     if store._far is not None:
-        while store._far.delete([info.id for info in store._far.page(None, None, 0, 1000)]):
-            pass
+        with psycopg.connect(store._far.url, autocommit=True) as connection:
+            connection.execute(f"DELETE FROM {store._far.table} WHERE namespace = %s", (store._far.namespace,))
 
 
 def redis_bytes_per_far_message(client: redis.Redis, pg_url: str, count: int) -> float:
