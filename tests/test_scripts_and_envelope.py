@@ -91,8 +91,9 @@ def test_envelope_round_trip_keeps_payload_bytes_opaque(envelope, version):
         (b'{"v": 1, "f": "raw", "r": ""}\n', "no route"),
         (b'{"v": 1, "r": "q"}\n', "no framework"),
         (b'{"v": 1, "f": "raw", "r": "q", "h": 5}\n', "hash field"),
-        (b'{"v": 1, "f": "raw", "r": "q", "x": []}\n', "extras"),
+        (b'{"v": 1, "f": "raw", "r": "q", "x": [1]}\n', "extras"),
         (b'{"v": 1, "f": "raw", "r": "q", "t": "yesterday"}\n', "parked-at"),
+        (b'{"v": 1, "f": "raw", "r": "q", "t": 1.5}\n', "parked-at"),
         (b"\xff\xfe\n", "not JSON"),
         # Read as the scripts read them: JSON is true, not 1, and UTF-8 only.
         (b'{"v": true, "f": "raw", "r": "q"}\n', "unsupported envelope version True"),
