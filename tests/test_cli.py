@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 import urllib.request
 from datetime import datetime, timedelta, timezone
 from typing import Any
@@ -575,6 +576,41 @@ def test_metrics_print_shows_the_backlog_of_several_namespaces(run, populated, r
     assert f'delay_broker_inflight_messages{{namespace="{namespace}"}} 2.0' in text
     assert f'delay_broker_parked_messages{{namespace="other-{namespace}"}} 0.0' in text
     assert f'delay_broker_store_up{{namespace="{namespace}"}} 1.0' in text
+
+
+PROMOTE_UNTIL_SIGNALLED = """
+import sys
+import redis
+from delay_broker import DelayStore, ListTarget, Promoter
+from delay_broker.cli import run_until_signalled
+from delay_broker.deliverers import DirectLists
+
+store = DelayStore(redis.Redis.from_url(sys.argv[1], socket_timeout=None), namespace=sys.argv[2])
+promoter = Promoter(store, DirectLists({"ready": ListTarget("ready")}), max_idle=120)
+print("ready", flush=True)
+run_until_signalled(promoter, log_level="WARNING")
+print("stopped", flush=True)
+"""
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_stops_an_idle_promoter_at_once_not_after_max_idle(redis_server, namespace, signum):
+    """``delay-broker promote`` asleep in a BLPOP of up to max_idle (120 s here, with no socket timeout to cut it
+    short) stops when told to."""
+    command = [sys.executable, "-c", PROMOTE_UNTIL_SIGNALLED, redis_server.url, namespace]
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert process.stdout is not None and process.stdout.readline().strip() == "ready"
+        client = redis_server.client()
+        wait_for(lambda: client.zcard(DelayStore(client, namespace=namespace).keys.promoters) == 1, timeout=20)
+        time.sleep(0.3)  # into its sleep
+        process.send_signal(signum)
+        stdout, stderr = process.communicate(timeout=30)
+    finally:
+        process.kill()
+    assert process.returncode == 0, stderr
+    assert stdout.strip() == "stopped"
+    assert client.zcard(DelayStore(client, namespace=namespace).keys.promoters) == 0, "deregistered"
 
 
 def test_metrics_command_serves_http_until_terminated(redis_server, populated, namespace):

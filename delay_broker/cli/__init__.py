@@ -15,6 +15,8 @@ import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from ..stop_flag import StopFlag
+
 try:
     import click
     import rich  # noqa: F401  (only checked for here; the command modules use it)
@@ -74,14 +76,21 @@ def on_stop_signals(callback: Callable[[], None]) -> Iterator[None]:
 
 
 def run_until_signalled(promoter: Any, *, log_level: str | int | None = "INFO") -> None:
-    """Run a promoter in this thread; SIGINT and SIGTERM stop it after the batch in hand.
+    """Run a promoter until SIGINT or SIGTERM, which stop it after the batch in hand.
 
     ``log_level=None`` leaves logging as the caller set it up.
     """
     if log_level is not None:
         configure_logging(log_level)
-    with on_stop_signals(promoter.request_stop):
-        promoter.run()
+    signalled = StopFlag()
+    with on_stop_signals(signalled.set):
+        # The promoter in a thread of its own, so that this one, out of the signal handler, can stop it with
+        # stop(): that also wakes a promoter asleep in a BLPOP of up to max_idle, which no handler may do (the
+        # handler would share the client's connection pool, and its lock, with the code it interrupted).
+        promoter.start()
+        while promoter.running and not signalled.wait(1.0):
+            pass
+        promoter.stop(timeout=None)
 
 
 if click is not None:
