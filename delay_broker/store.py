@@ -1024,8 +1024,12 @@ class DelayStore:
             logger.debug("Tokens of moved rows left for later: %s", error)
 
     def forget_moved_orphans(self, older_than: float = 300.0) -> int:
-        """Drop recorded tokens older than ``older_than`` seconds whose rows are gone (a mover died between its
-        commit and dropping them). A token whose row still exists is kept: it is what stops a second move."""
+        """Delete the rows of tokens recorded more than ``older_than`` seconds ago, then drop the tokens.
+
+        Such a row is dead weight: its message was moved in by a mover that died before deleting it, or replaced
+        by a park in Redis whose delete did not commit (PostgreSQL gone in between). The token kept it from
+        running a second time; left until its due time, weeks away maybe, it would also be found by a ``keep``
+        park of its id, which would keep it and write nothing. A row parked again since has a new token."""
         if self._far is None:
             return 0
         dropped = 0
@@ -1036,10 +1040,9 @@ class DelayStore:
                 tokens = [int(token) for token in found]
             if not tokens:
                 continue
-            orphans = set(tokens) - self._far.existing_tokens(tokens)
-            if orphans:
-                with self._redis("forgetting moved tokens"):
-                    dropped += int(self.client.zrem(space.moved, *orphans))
+            self._far.delete_tokens(tokens)  # rows first: a token dropped while its row lives would let it move
+            with self._redis("forgetting moved tokens"):
+                dropped += int(self.client.zrem(space.moved, *tokens))
         return dropped
 
     def _far_view(self) -> contextlib.AbstractContextManager[Any]:

@@ -211,13 +211,28 @@ def test_a_stalled_mover_is_refused_once_its_lease_ran_out(tiered: Any) -> None:
     assert store.stats().far == 1 and redis_holds(client, store) == (0, 0) and client.zcard(store.keys.moved) == 0
 
 
-def test_stale_tokens_are_dropped_only_when_their_rows_are_gone(tiered: Any) -> None:
-    store, client, _ = tiered
-    store.park("kept", Envelope("ready", b"k"), delay=3600)
-    token = store._far.get("kept").token  # type: ignore[union-attr]
-    client.zadd(store.keys.moved, {str(token): 1, "999999999999": 1})
+def test_a_row_left_behind_its_recorded_token_is_deleted_and_its_id_free_again(tiered: Any) -> None:
+    """A row whose message is in Redis already (its token recorded; its delete never committed) would otherwise
+    stay until its due time: weeks later maybe, and meanwhile a ``keep`` park of its id kept it and wrote
+    nothing. The orphan check deletes it, then drops the token; recent tokens are left to their movers."""
+    store, client, target = tiered
+    store.park("left", Envelope("ready", b"old"), delay=3600)
+    now = store.now_ms()
+
+    def adopt_then_die(rows: list[FarRow]) -> None:
+        store._adopt(rows, now + 5000)
+        raise KeyboardInterrupt  # the process dies: its row delete never commits
+
+    with pytest.raises(KeyboardInterrupt):
+        store._far.move(now + 3_700_000, 100, 5000, adopt_then_die)
+    assert store._far is not None and store._far.get("left") is not None and client.zcard(store.keys.moved) == 1
+    assert store.forget_moved_orphans() == 0, "a recent token is left alone"
     assert store.forget_moved_orphans(older_than=0) == 1
-    assert client.zrange(store.keys.moved, 0, -1) == [str(token).encode()]
+    assert store._far.get("left") is None and client.zcard(store.keys.moved) == 0
+    assert store.reschedule("left", delay=0) is not None  # the copy in Redis is the message
+    wait_for(lambda: promote(store, target), 5, "the moved copy promoted")
+    assert store.park("left", Envelope("ready", b"new"), delay=3600, on_conflict="keep").outcome == "new"
+    assert client.lrange(target, 0, -1) == [b"old"]
 
 
 def test_postgresql_down_refuses_far_parks_clearly_and_promotion_goes_on(

@@ -265,12 +265,10 @@ class FarTable:
         histogram = [b - a for a, b in zip([0, *within], [*within, total - overdue], strict=True)]
         return total, overdue, earliest, histogram
 
-    def existing_tokens(self, tokens: Sequence[int]) -> set[int]:
-        sql = f"SELECT token FROM {self.table} WHERE namespace = %s AND token = ANY(%s)"
-        return self._run(
-            "checking moved markers",
-            lambda connection: {row[0] for row in connection.execute(sql, (self.namespace, list(tokens))).fetchall()},
-        )
+    def delete_tokens(self, tokens: Sequence[int]) -> None:
+        """Delete the rows carrying these tokens (waiting for a mover that holds one)."""
+        sql = f"DELETE FROM {self.table} WHERE namespace = %s AND token = ANY(%s)"
+        self._run("deleting rows moved in", lambda connection: connection.execute(sql, (self.namespace, list(tokens))))
 
 
 class Parking:
