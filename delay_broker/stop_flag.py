@@ -14,23 +14,41 @@ import os
 import select
 import weakref
 
+_LONGEST_POLL_MS = 2**31 - 1  # poll() takes a C int of milliseconds: about 24.8 days
+
 
 class StopFlag:
     """Set once, never cleared; :meth:`set` is safe from a signal handler and from any thread."""
 
     def __init__(self) -> None:
-        self._read, self._write = os.pipe()
-        os.set_blocking(self._write, False)
         self._set = False
-        weakref.finalize(self, _close, self._read, self._write)
+        self._pipe: list[int] = []
+        self._open_pipe()
+        # Closed when the flag goes, not at exit: an atexit handler registered earlier (one that stops a
+        # promoter) runs after the finalizers registered later, and must still find the pipe open.
+        weakref.finalize(self, _close, self._pipe).atexit = False
+        _live.add(self)
+
+    def _open_pipe(self) -> None:
+        read, write = os.pipe()
+        os.set_blocking(write, False)
+        self._pipe[:] = [read, write]
+        if self._set:
+            os.write(write, b"!")
+
+    def _after_fork(self) -> None:
+        # The parent's pipe, shared: a byte the child wrote would wake the parent's waiters for good, with
+        # its flag still unset (they would spin), and the parent's byte would wake the child's.
+        _close(self._pipe)
+        self._open_pipe()
 
     def set(self) -> None:
         if self._set:
             return
         # The flag before the byte: a waiter that found the flag unset is then woken by the byte.
         self._set = True
-        with contextlib.suppress(BlockingIOError):  # a full pipe is already readable
-            os.write(self._write, b"!")
+        with contextlib.suppress(OSError):  # a full pipe is readable already
+            os.write(self._pipe[1], b"!")
 
     def is_set(self) -> bool:
         return self._set
@@ -41,11 +59,25 @@ class StopFlag:
             # A poll object per call: one shared between threads would refuse concurrent polls, and select()
             # cannot take descriptors above 1023.
             poller = select.poll()
-            poller.register(self._read, select.POLLIN)
-            poller.poll(timeout * 1000)
+            poller.register(self._pipe[0], select.POLLIN)
+            poller.poll(min(timeout * 1000, _LONGEST_POLL_MS))
         return self._set
 
 
-def _close(*fds: int) -> None:
-    for fd in fds:
-        os.close(fd)
+_live: weakref.WeakSet[StopFlag] = weakref.WeakSet()
+
+
+def _renew_after_fork() -> None:
+    for flag in list(_live):
+        flag._after_fork()
+
+
+def _close(pipe: list[int]) -> None:
+    for fd in pipe:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    pipe.clear()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_renew_after_fork)
