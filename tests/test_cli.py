@@ -21,7 +21,7 @@ import pytest
 from click.testing import CliRunner, Result
 
 from delay_broker import DelayStore, Envelope, ListTarget, ParkRequest, Promoter
-from delay_broker.cli import cli, common, serve
+from delay_broker.cli import cli, common, run_until_signalled, serve
 from delay_broker.cli.format import (
     bar,
     format_relative,
@@ -598,10 +598,10 @@ def test_a_signal_stops_an_idle_promoter_at_once_not_after_max_idle(redis_server
     """``delay-broker promote`` asleep in a BLPOP of up to max_idle (120 s here, with no socket timeout to cut it
     short) stops when told to."""
     command = [sys.executable, "-c", PROMOTE_UNTIL_SIGNALLED, redis_server.url, namespace]
+    client = redis_server.client()
     process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         assert process.stdout is not None and process.stdout.readline().strip() == "ready"
-        client = redis_server.client()
         wait_for(lambda: client.zcard(DelayStore(client, namespace=namespace).keys.promoters) == 1, timeout=20)
         time.sleep(0.3)  # into its sleep
         process.send_signal(signum)
@@ -611,6 +611,17 @@ def test_a_signal_stops_an_idle_promoter_at_once_not_after_max_idle(redis_server
     assert process.returncode == 0, stderr
     assert stdout.strip() == "stopped"
     assert client.zcard(DelayStore(client, namespace=namespace).keys.promoters) == 0, "deregistered"
+
+
+def test_a_promoter_that_crashes_is_raised_by_run_until_signalled(store):
+    """So that ``delay-broker promote`` exits non-zero, and a supervisor restarts it."""
+
+    class Crashing(Promoter):
+        def run(self) -> None:
+            raise RuntimeError("boom")
+
+    with pytest.raises(RuntimeError, match="boom"):
+        run_until_signalled(Crashing(store, DirectLists({"ready": ListTarget("ready")})), log_level=None)
 
 
 def test_metrics_command_serves_http_until_terminated(redis_server, populated, namespace):

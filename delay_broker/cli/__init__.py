@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -83,14 +84,28 @@ def run_until_signalled(promoter: Any, *, log_level: str | int | None = "INFO") 
     if log_level is not None:
         configure_logging(log_level)
     signalled = StopFlag()
+    failed: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            promoter.run()
+        except BaseException as error:  # raised again below, as if run() had been called here
+            failed.append(error)
+
+    # The promoter in a thread of its own, so that this one, out of the signal handler, can stop it with stop():
+    # that also wakes a promoter asleep in a BLPOP of up to max_idle, which no handler may do (the handler would
+    # share the client's connection pool, and its lock, with the code it interrupted).
+    thread = threading.Thread(target=run, name=f"delay-broker-promoter-{promoter.id}", daemon=True)
     with on_stop_signals(signalled.set):
-        # The promoter in a thread of its own, so that this one, out of the signal handler, can stop it with
-        # stop(): that also wakes a promoter asleep in a BLPOP of up to max_idle, which no handler may do (the
-        # handler would share the client's connection pool, and its lock, with the code it interrupted).
-        promoter.start()
-        while promoter.running and not signalled.wait(1.0):
-            pass
-        promoter.stop(timeout=None)
+        thread.start()
+        try:
+            while thread.is_alive() and not signalled.wait(1.0):
+                pass
+        finally:
+            promoter.stop(timeout=None)
+            thread.join()
+    if failed:
+        raise failed[0]
 
 
 if click is not None:
