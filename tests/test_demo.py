@@ -8,7 +8,7 @@ import signal
 import subprocess
 import sys
 
-from delay_broker.embedded import redis_executable
+from delay_broker.embedded import free_port, redis_executable
 from tests.helpers import wait_for
 
 
@@ -66,6 +66,13 @@ def test_a_redis_server_outside_the_virtualenv_is_preferred(tmp_path, monkeypatc
     assert redis_executable() == str(system / "redis-server")
     monkeypatch.setenv("PATH", str(venv / "bin"))
     assert redis_executable() == str(venv / "bin" / "redis-server"), "the virtualenv's own is used when alone"
+
+
+def test_private_servers_listen_below_the_ports_clients_are_given():
+    """A server restarted on its port must not find it taken by some client's outgoing connection meanwhile."""
+    with open("/proc/sys/net/ipv4/ip_local_port_range") as ranges:
+        ephemeral = int(ranges.read().split()[0])
+    assert all(free_port() < ephemeral for _ in range(20)) or ephemeral <= 12_000
 
 
 def test_a_private_redis_server_dies_with_the_process_that_started_it():
