@@ -40,7 +40,7 @@ def free_port() -> int:
     outgoing connection, whose local port the kernel takes from that range."""
     low = _ephemeral_ports_start()
     for _ in range(50 if low > 12_000 else 0):
-        port = random.randrange(10_000, low)
+        port = _random.randrange(10_000, low)
         with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
             try:
                 sock.bind(("127.0.0.1", port))
@@ -50,6 +50,9 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+_random = random.SystemRandom()  # not the global generator: processes seeded alike would pick the same ports
 
 
 def _ephemeral_ports_start() -> int:

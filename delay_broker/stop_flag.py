@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 import select
+import signal
 import weakref
 
 _LONGEST_POLL_MS = 2**31 - 1  # poll() takes a C int of milliseconds: about 24.8 days
@@ -32,15 +33,17 @@ class StopFlag:
     def _open_pipe(self) -> None:
         read, write = os.pipe()
         os.set_blocking(write, False)
-        self._pipe[:] = [read, write]
         if self._set:
             os.write(write, b"!")
+        self._pipe[:] = [read, write]
 
     def _after_fork(self) -> None:
         # The parent's pipe, shared: a byte the child wrote would wake the parent's waiters for good, with
-        # its flag still unset (they would spin), and the parent's byte would wake the child's.
-        _close(self._pipe)
+        # its flag still unset (they would spin), and the parent's byte would wake the child's. The new pipe
+        # goes in before the old one is closed, so that the flag always has one.
+        inherited = list(self._pipe)
         self._open_pipe()
+        _close(inherited)
 
     def set(self) -> None:
         if self._set:
@@ -68,8 +71,14 @@ _live: weakref.WeakSet[StopFlag] = weakref.WeakSet()
 
 
 def _renew_after_fork() -> None:
-    for flag in list(_live):
-        flag._after_fork()
+    # No handler may set a flag half-way (it would write to the parent's pipe): signals wait until all are done.
+    blocked = signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
+    try:
+        for flag in list(_live):
+            with contextlib.suppress(OSError):
+                flag._after_fork()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
 
 
 def _close(pipe: list[int]) -> None:

@@ -1040,7 +1040,8 @@ class DelayStore:
                 tokens = [int(token) for token in found]
             if not tokens:
                 continue
-            self._far.delete_tokens(tokens)  # rows first: a token dropped while its row lives would let it move
+            if not self._far.delete_tokens(tokens):  # rows first: a token dropped while its row lives lets it move
+                continue
             with self._redis("forgetting moved tokens"):
                 dropped += int(self.client.zrem(space.moved, *tokens))
         return dropped

@@ -227,6 +227,9 @@ def test_a_row_left_behind_its_recorded_token_is_deleted_and_its_id_free_again(t
         store._far.move(now + 3_700_000, 100, 5000, adopt_then_die)
     assert store._far is not None and store._far.get("left") is not None and client.zcard(store.keys.moved) == 1
     assert store.forget_moved_orphans() == 0, "a recent token is left alone"
+    with psycopg.connect(store._far.url) as holder:  # a park or mover holding the row: not waited for long
+        holder.execute(f"SELECT 1 FROM {store._far.table} WHERE token = %s FOR UPDATE", (store._far.get("left").token,))
+        assert store.forget_moved_orphans(older_than=0) == 0 and client.zcard(store.keys.moved) == 1
     assert store.forget_moved_orphans(older_than=0) == 1
     assert store._far.get("left") is None and client.zcard(store.keys.moved) == 0
     assert store.reschedule("left", delay=0) is not None  # the copy in Redis is the message

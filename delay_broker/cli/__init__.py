@@ -102,8 +102,10 @@ def run_until_signalled(promoter: Any, *, log_level: str | int | None = "INFO") 
             while thread.is_alive() and not signalled.wait(1.0):
                 pass
         finally:
-            promoter.stop(timeout=None)
-            thread.join()
+            try:
+                promoter.stop(timeout=None)
+            finally:
+                thread.join()
     if failed:
         raise failed[0]
 

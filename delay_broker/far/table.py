@@ -265,10 +265,19 @@ class FarTable:
         histogram = [b - a for a, b in zip([0, *within], [*within, total - overdue], strict=True)]
         return total, overdue, earliest, histogram
 
-    def delete_tokens(self, tokens: Sequence[int]) -> None:
-        """Delete the rows carrying these tokens (waiting for a mover that holds one)."""
+    def delete_tokens(self, tokens: Sequence[int]) -> bool:
+        """Delete the rows carrying these tokens; False when one stayed locked (a mover or a park holding it)
+        for 2 s: the sweeper asking must not stall behind it, and the next check tries again."""
         sql = f"DELETE FROM {self.table} WHERE namespace = %s AND token = ANY(%s)"
-        self._run("deleting rows moved in", lambda connection: connection.execute(sql, (self.namespace, list(tokens))))
+        try:
+            with self._transaction("deleting rows moved in") as connection:
+                connection.execute("SET LOCAL lock_timeout = '2s'")
+                connection.execute(sql, (self.namespace, list(tokens)))
+        except FarTierUnavailable as error:
+            if isinstance(error.__cause__, psycopg.errors.LockNotAvailable):
+                return False
+            raise
+        return True
 
 
 class Parking:
