@@ -860,7 +860,9 @@ class DelayStore:
         replaced: dict[str, int] = {}
         with self._far.parking([encoded[n][0] for n in chunk]) as rows:
             if on_conflict == "keep":
-                held = rows.due_times([encoded[n][0] for n in chunk])
+                found = rows.due_times([encoded[n][0] for n in chunk])
+                retired = self._retired(shard, found)
+                held = {id: due for id, (due, _) in found.items() if id not in retired}
                 for n in chunk:
                     if encoded[n][0] in held:
                         results[n] = ParkResult(encoded[n][0], held[encoded[n][0]], "kept")
@@ -908,6 +910,11 @@ class DelayStore:
         # Dramatiq retry goes to the broker), and a row left behind would run it a second time.
         unsure: StoreUnavailable | None = None
         with self._far.parking(ids) as rows, rows.atomic():
+            if on_conflict == "keep":
+                # A retired row is no message to keep: its id is free (see _retired).
+                retired = self._retired(self.shard_for(ids[0]), rows.due_times(ids))
+                if retired:
+                    rows.delete(list(retired))
             previous = rows.insert(rows_to_write, replace=on_conflict == "replace")  # type: ignore[arg-type]
             if on_conflict == "keep":
                 # Looked up after the insert, which waited for any sweeper moving a row of these ids: a copy it
@@ -977,9 +984,13 @@ class DelayStore:
         return held
 
     def _reschedule_far(self, id: str, kind: str, value: int, encoded: bytes, envelope: Envelope | None) -> int | None:
-        """Give ``id``'s far row its new due time (ms, returned); None if it has no row. The row keeps its token,
-        so a copy a mover that died left in Redis (rescheduled too, by the caller) still stops a second move."""
+        """Give ``id``'s far row its new due time (ms, returned); None if it has no row, or a retired one (see
+        :meth:`_retired`: the copy in Redis, if any, is the message). The row keeps its token, so a copy a mover
+        that dies meanwhile leaves in Redis (rescheduled too, by the caller) still stops a second move."""
         assert self._far is not None
+        row = self._far.get(id)
+        if row is None or self._moved_in(id, row.token):
+            return None
         now = self._estimated_now_ms()
         due = value if kind == "a" else now + value
         self._far_due(id, "a", due, now)  # the same limits as a park
@@ -1092,6 +1103,17 @@ class DelayStore:
             if row is not None and not self._moved_in(id, row.token):
                 return self._far_info(row)
         return self._get_in_redis(id)
+
+    def _retired(self, shard: int, rows: Mapping[str, tuple[int, int]]) -> set[str]:
+        """The ids among ``rows`` (id: due, token) whose rows are retired: their tokens are recorded in ``moved``,
+        so the rows never run. A mover adopted them and died before deleting them, or a park in Redis replaced
+        them and its delete did not commit. Their messages are in Redis, or ran already: the ids are free."""
+        if not rows:
+            return set()
+        ids = list(rows)
+        with self._redis("reading moved tokens"):
+            scores = self.client.zmscore(self.shards[shard].moved, [str(rows[id][1]) for id in ids])
+        return {id for id, score in zip(ids, scores, strict=True) if score is not None}
 
     def _moved_in(self, id: str, token: int) -> bool:
         with self._redis("reading moved tokens"):

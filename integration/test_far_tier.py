@@ -238,6 +238,31 @@ def test_a_row_left_behind_its_recorded_token_is_deleted_and_its_id_free_again(t
     assert client.lrange(target, 0, -1) == [b"old"]
 
 
+def test_an_id_whose_row_is_retired_is_free_for_keep_parks_and_not_rescheduled(tiered: Any) -> None:
+    """Before the orphan check deletes it, a row whose message moved into Redis and ran (its delete never
+    committed) is no message: a ``keep`` park of its id, far or near, parks the new one, and a reschedule finds
+    nothing to move."""
+    store, _, _ = tiered
+    for id in ("far", "near"):
+        store.park(id, Envelope("ready", b"old"), delay=3600)
+    now = store.now_ms()
+
+    def adopt_then_die(rows: list[FarRow]) -> None:
+        store._adopt(rows, now + 5000)
+        raise KeyboardInterrupt  # the process dies: its row delete never commits
+
+    with pytest.raises(KeyboardInterrupt):
+        store._far.move(now + 3_700_000, 100, 5000, adopt_then_die)  # type: ignore[union-attr]
+    assert store._cancel_in_redis(["far", "near"]) == [True, True]  # as if the moved copies had run
+    assert store.reschedule("far", delay=60) is None
+    assert store.park("far", Envelope("ready", b"new"), delay=3600, on_conflict="keep").outcome == "new"
+    assert store.park("near", Envelope("ready", b"new"), delay=1, on_conflict="keep").outcome == "new"
+    for id in ("far", "near"):
+        info = store.get(id)
+        assert info is not None and info.envelope is not None and info.envelope.payload == b"new", id
+    assert store.stats().parked == 2
+
+
 def test_postgresql_down_refuses_far_parks_clearly_and_promotion_goes_on(
     redis_server: EmbeddedRedis, own_postgres: PostgresServer, unique: str
 ) -> None:

@@ -333,10 +333,11 @@ class Parking:
             connection.execute("COMMIT")
             connection.execute("SELECT pg_advisory_unlock_all()")
 
-    def due_times(self, ids: Sequence[str]) -> dict[str, int]:
-        """The due time of each id of ``ids`` that has a row."""
-        sql = f"SELECT id, due_ms FROM {self._table.table} WHERE namespace = %s AND id = ANY(%s)"
-        return dict(self._fetch("looking up far messages", sql, (self._table.namespace, storable(ids))))
+    def due_times(self, ids: Sequence[str]) -> dict[str, tuple[int, int]]:
+        """The due time and token of each id of ``ids`` that has a row."""
+        sql = f"SELECT id, due_ms, token FROM {self._table.table} WHERE namespace = %s AND id = ANY(%s)"
+        found = self._fetch("looking up far messages", sql, (self._table.namespace, storable(ids)))
+        return {id: (due, token) for id, due, token in found}
 
     def delete(self, ids: Sequence[str]) -> set[str]:
         """Delete these ids' rows; the ids that had one."""
