@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import math
 import random
 import threading
 import time
@@ -343,7 +344,7 @@ class Promoter:
         """The far tier's sweeper, in a thread of its own beside the promotion loop: a sweep takes milliseconds
         (a PostgreSQL transaction and a script), which must not delay the promotion of what is due meanwhile."""
         assert self.store.far_tier is not None
-        orphans_checked = time.monotonic()
+        orphans_checked = -math.inf  # at the first sweep too: a promoter that lives under 5 minutes still checks
         while not self._stopping.is_set():
             try:
                 for _ in range(FAR_BATCHES_PER_SWEEP):
