@@ -861,7 +861,7 @@ class DelayStore:
         with self._far.parking([encoded[n][0] for n in chunk]) as rows:
             if on_conflict == "keep":
                 found = rows.due_times([encoded[n][0] for n in chunk])
-                retired = self._retired(shard, found)
+                retired = self._retired(shard, {id: token for id, (_, token) in found.items()})
                 held = {id: due for id, (due, _) in found.items() if id not in retired}
                 for n in chunk:
                     if encoded[n][0] in held:
@@ -912,7 +912,8 @@ class DelayStore:
         with self._far.parking(ids) as rows, rows.atomic():
             if on_conflict == "keep":
                 # A retired row is no message to keep: its id is free (see _retired).
-                retired = self._retired(self.shard_for(ids[0]), rows.due_times(ids))
+                found = rows.due_times(ids)
+                retired = self._retired(self.shard_for(ids[0]), {id: token for id, (_, token) in found.items()})
                 if retired:
                     rows.delete(list(retired))
             previous = rows.insert(rows_to_write, replace=on_conflict == "replace")  # type: ignore[arg-type]
@@ -988,8 +989,7 @@ class DelayStore:
         :meth:`_retired`: the copy in Redis, if any, is the message). The row keeps its token, so a copy a mover
         that dies meanwhile leaves in Redis (rescheduled too, by the caller) still stops a second move."""
         assert self._far is not None
-        row = self._far.get(id)
-        if row is None or self._moved_in(id, row.token):
+        if self._live_far_row(id) is None:
             return None
         now = self._estimated_now_ms()
         due = value if kind == "a" else now + value
@@ -1099,25 +1099,28 @@ class DelayStore:
         if self._far is not None:
             # The row first: a message moved in meanwhile is in Redis before its row is deleted. A row whose token
             # is recorded as moved in is such a one, or one a park in Redis replaced: the copy in Redis is it.
-            row = self._far.get(id)
-            if row is not None and not self._moved_in(id, row.token):
+            row = self._live_far_row(id)
+            if row is not None:
                 return self._far_info(row)
         return self._get_in_redis(id)
 
-    def _retired(self, shard: int, rows: Mapping[str, tuple[int, int]]) -> set[str]:
-        """The ids among ``rows`` (id: due, token) whose rows are retired: their tokens are recorded in ``moved``,
-        so the rows never run. A mover adopted them and died before deleting them, or a park in Redis replaced
-        them and its delete did not commit. Their messages are in Redis, or ran already: the ids are free."""
-        if not rows:
-            return set()
-        ids = list(rows)
-        with self._redis("reading moved tokens"):
-            scores = self.client.zmscore(self.shards[shard].moved, [str(rows[id][1]) for id in ids])
-        return {id for id, score in zip(ids, scores, strict=True) if score is not None}
+    def _live_far_row(self, id: str) -> FarRow | None:
+        """``id``'s far row, unless it has none or a retired one (see :meth:`_retired`)."""
+        assert self._far is not None
+        row = self._far.get(id)
+        return None if row is None or self._retired(self.shard_for(id), {id: row.token}) else row
 
-    def _moved_in(self, id: str, token: int) -> bool:
+    def _retired(self, shard: int, tokens: Mapping[str, int]) -> set[str]:
+        """The ids among ``tokens`` (id: its row's token) whose rows are retired: their tokens are recorded in
+        ``moved``, so the rows never run. A mover adopted them and died before deleting them, or a park in Redis
+        replaced them and its delete did not commit. Their messages are in Redis, or ran already: the ids are
+        free."""
+        if not tokens:
+            return set()
+        ids = list(tokens)
         with self._redis("reading moved tokens"):
-            return self.client.zscore(self.shards[self.shard_for(id)].moved, token) is not None
+            scores = self.client.zmscore(self.shards[shard].moved, [str(tokens[id]) for id in ids])
+        return {id for id, score in zip(ids, scores, strict=True) if score is not None}
 
     def _get_in_redis(self, id: str) -> MessageInfo | None:
         for shard in self._shards_to_search(id):
