@@ -655,24 +655,30 @@ class DelayStore:
         delay: Delay | None = None,
         due: datetime | None = None,
         envelope: Envelope | None = None,
+        expected: MessageInfo | None = None,
     ) -> int | None:
         """Move a parked message to a new due time (``delay=0``: due now). Returns the new due time in ms,
         or None if the id is not parked (unknown, already promoted, in flight or dead).
 
         ``envelope`` replaces the stored one in the same atomic step (for payloads that carry their own
-        due time, such as a Celery message's ``eta`` header).
+        due time, such as a Celery message's ``eta`` header). ``expected``, the message as :meth:`get` read
+        it: it is moved only if it is still that one, else None. An envelope rewritten from what was read must
+        not land on a message parked again under the same id meanwhile (a Celery retry keeps its task id).
         """
         check_id(id)
         kind, value = _due_argument(delay, due, id)
+        if expected is not None and (expected.payload_omitted or not expected.raw):
+            raise ValueError("expected must be a message read whole by get(), with its envelope")
+        read = b"" if expected is None else expected.raw or b""
         # The promote span continues the trace the message was parked in, not the one rescheduling it.
         encoded = b"" if envelope is None else self._encode_envelope(id, envelope, keep_context=True)
         limit = self._max_delay_arg()
-        far_due = None if self._far is None else self._reschedule_far(id, kind, value, encoded, envelope)
+        far_due = None if self._far is None else self._reschedule_far(id, kind, value, encoded, envelope, read)
         if far_due is not None:
             # A row was rescheduled; a copy a dead mover left in Redis is rescheduled with it (see _reschedule_far).
             kind, value, limit = "a", far_due, -1
         for shard in self._shards_to_search(id):
-            moved, woke = self._run("reschedule", shard, [id, kind, value, MAX_DUE_MS, encoded, limit])
+            moved, woke = self._run("reschedule", shard, [id, kind, value, MAX_DUE_MS, encoded, limit, read])
             if int(moved) >= 0:
                 self._relay_wake(shard, woke)
                 if far_due is None:
@@ -984,10 +990,13 @@ class DelayStore:
                         held[id] = -1
         return held
 
-    def _reschedule_far(self, id: str, kind: str, value: int, encoded: bytes, envelope: Envelope | None) -> int | None:
+    def _reschedule_far(
+        self, id: str, kind: str, value: int, encoded: bytes, envelope: Envelope | None, expected: bytes
+    ) -> int | None:
         """Give ``id``'s far row its new due time (ms, returned); None if it has no row, or a retired one (see
-        :meth:`_retired`: the copy in Redis, if any, is the message). The row keeps its token, so a copy a mover
-        that dies meanwhile leaves in Redis (rescheduled too, by the caller) still stops a second move."""
+        :meth:`_retired`: the copy in Redis, if any, is the message), or one whose record is not ``expected``
+        (when given). The row keeps its token, so a copy a mover that dies meanwhile leaves in Redis (rescheduled
+        too, by the caller) still stops a second move."""
         assert self._far is not None
         if self._live_far_row(id) is None:
             return None
@@ -995,7 +1004,7 @@ class DelayStore:
         due = value if kind == "a" else now + value
         self._far_due(id, "a", due, now)  # the same limits as a park
         route, name = (envelope.route, envelope.name or "") if envelope is not None else ("", "")
-        return due if self._far.reschedule(id, due, encoded or None, route, name) else None
+        return due if self._far.reschedule(id, due, encoded or None, route, name, expected or None) else None
 
     def sweep_far(self, *, ids: Sequence[str] = ()) -> int:
         """Move the far rows now due within the horizon (or those of ``ids``) into Redis: one transaction of at

@@ -167,6 +167,18 @@ def test_cancel_and_reschedule_reach_either_tier(tiered: Any) -> None:
     assert store.get("b").due_ms == soon  # type: ignore[union-attr]
 
 
+def test_a_far_rewrite_read_before_the_id_was_parked_again_is_refused(tiered: Any) -> None:
+    store, _, _ = tiered
+    store.park("task", Envelope("ready", b"first"), delay=3600)
+    read = store.get("task")
+    store.park("task", Envelope("ready", b"retry"), delay=3700)  # a new row, far too
+    assert store.reschedule("task", delay=7200, envelope=Envelope("ready", b"first, moved"), expected=read) is None
+    info = store.get("task")
+    assert info is not None and info.envelope is not None and info.envelope.payload == b"retry"
+    assert store.reschedule("task", delay=7200, envelope=Envelope("ready", b"moved"), expected=info) is not None
+    assert store.get("task").envelope.payload == b"moved"  # type: ignore[union-attr]
+
+
 def test_one_copy_per_id_across_the_tiers(tiered: Any) -> None:
     store, client, _ = tiered
     store.park("x", Envelope("ready", b"far"), delay=3600)

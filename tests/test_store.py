@@ -231,6 +231,24 @@ def test_a_rewrite_keeps_the_record_format_an_older_release_wrote(store, client)
     assert client.hget(store.keys.msg, "new").startswith(b"\x02")
 
 
+def test_a_rewrite_read_before_the_id_was_parked_again_is_refused(store):
+    """A Celery retry parks its task id again: a reschedule that rewrites the envelope it read before that (the
+    eta) must not write the old body over the new one, which would be lost and the old run twice."""
+    store.park("task", envelope(b"first"), delay=60)
+    read = store.get("task")
+    assert read is not None and read.envelope is not None
+    store.park("task", envelope(b"retry"), delay=90)
+    rewritten = dataclasses.replace(read.envelope, payload=b"first, moved")
+    assert store.reschedule("task", delay=5, envelope=rewritten, expected=read) is None
+    assert store.get("task").envelope.payload == b"retry"
+    current = store.get("task")
+    assert store.reschedule("task", delay=5, envelope=rewritten, expected=current) is not None
+    assert store.get("task").envelope.payload == b"first, moved"
+    headers_only = store.list_messages("due", headers_only=True)[0]
+    with pytest.raises(ValueError, match="read whole"):
+        store.reschedule("task", delay=5, expected=headers_only)
+
+
 def test_reschedule_to_an_absolute_time(store):
     store.park("job", envelope(), delay=60)
     due = datetime(2040, 1, 1, tzinfo=timezone.utc)

@@ -218,4 +218,5 @@ def reschedule_parked(store: DelayStore, task_id: str, due: datetime) -> int | N
     info = store.get(task_id)
     if info is None or info.state != "due" or info.envelope is None:
         return None
-    return store.reschedule(task_id, due=due, envelope=with_eta(info.envelope, due))
+    # Only over the message read: a retry parked again under the task id meanwhile must not get the old body.
+    return store.reschedule(task_id, due=due, envelope=with_eta(info.envelope, due), expected=info)

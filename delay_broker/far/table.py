@@ -132,18 +132,24 @@ class FarTable:
     def delete_sql(self) -> str:
         return f"DELETE FROM {self.table} WHERE namespace = %s AND id = ANY(%s) RETURNING id, token"
 
-    def reschedule(self, id: str, due_ms: int, record: bytes | None, route: str, name: str) -> bool:
-        """Give a row a new due time (and record). Its token stays: see :meth:`FarTier.reschedule`."""
+    def reschedule(
+        self, id: str, due_ms: int, record: bytes | None, route: str, name: str, expected: bytes | None = None
+    ) -> bool:
+        """Give a row a new due time (and record), if its record is still ``expected`` (when given). Its token
+        stays: see :meth:`FarTier.reschedule`."""
         if not storable([id]):
             return False
         sql = (
             f"UPDATE {self.table} SET due_ms = %s, record = coalesce(%s, record), route = coalesce(%s, route), "
-            "name = coalesce(%s, name) WHERE namespace = %s AND id = %s RETURNING id"
+            "name = coalesce(%s, name) WHERE namespace = %s AND id = %s AND (%s::bytea IS NULL OR record = %s) "
+            "RETURNING id"
         )
         args = (due_ms, record, route if record is not None else None, name if record is not None else None)
         return self._run(
             "rescheduling a far message",
-            lambda connection: connection.execute(sql, (*args, self.namespace, id)).fetchone() is not None,
+            lambda connection: (
+                connection.execute(sql, (*args, self.namespace, id, expected, expected)).fetchone() is not None
+            ),
         )
 
     def move(

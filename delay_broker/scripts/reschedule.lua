@@ -7,6 +7,9 @@
 -- ARGV[1] id  ARGV[2] kind ('d' = delay ms from Redis TIME, 'a' = absolute due ms)  ARGV[3] value
 -- ARGV[4] max_due_ms  ARGV[5] new envelope, or '' to keep the stored one
 -- ARGV[6] max_delay_ms: latest due time accepted, counted from Redis TIME (the store's max_delay), or -1
+-- ARGV[7] (optional) the envelope as the caller read it, or '': the message is moved only if its stored
+--         envelope is still that one. A caller that rewrites what it read (a Celery eta) must not write it
+--         back over a message parked again under the same id meanwhile.
 -- Returns {new due time in ms, or -1 when the id is not parked (unknown, in flight or dead); 1 if WAKE was
 -- pushed, else 0}.
 
@@ -18,6 +21,10 @@ end
 
 local id = ARGV[1]
 if not redis.call('ZSCORE', DUE, id) then
+    return {-1, 0}
+end
+local expected = ARGV[7] or ''
+if expected ~= '' and redis.call('HGET', MSG, id) ~= expected then
     return {-1, 0}
 end
 local now = now_ms()
