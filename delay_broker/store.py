@@ -1600,8 +1600,10 @@ class DelayStore:
 
     # -- dead letters ----------------------------------------------------------------------------------
 
-    def requeue_dead(self, ids: Sequence[str] | None = None) -> Requeued:
-        """Park dead-lettered messages again, due now, attempts reset. ``ids=None`` requeues all.
+    def requeue_dead(self, ids: Sequence[str] | None = None, *, dead_by_ms: int | None = None) -> Requeued:
+        """Park dead-lettered messages again, due now, attempts reset. ``ids=None`` requeues all those
+        dead-lettered at or before ``dead_by_ms`` (Redis clock; by default when the call starts): a letter
+        that dies again meanwhile stays, instead of being requeued again and again while a cause persists.
 
         Dead letters with no payload (nothing to requeue) stay; purge them with :meth:`purge_dead`.
         """
@@ -1609,18 +1611,19 @@ class DelayStore:
         if ids is not None:
             for shard, group in self._by_shard(check_id(id) for id in ids).items():
                 for chunk in _chunks(group):
-                    done, missed = self._requeue(shard, [MAX_BATCH, 0, *chunk])
+                    done, missed = self._requeue(shard, [MAX_BATCH, 0, 0, *chunk])
                     if shard != 0 and missed:
-                        again, missed = self._requeue(0, [MAX_BATCH, 0, *missed])
+                        again, missed = self._requeue(0, [MAX_BATCH, 0, 0, *missed])
                         done += again
                     count += done
                     left.extend(missed)
             return Requeued(count, left)
+        until = self.now_ms() if dead_by_ms is None else dead_by_ms
         for shard in range(len(self.shards)):
             skipped = 0
             while True:
                 # Requeued ids leave the dead set; those it cannot requeue stay at its head: page past them.
-                reply = self._run("requeue", shard, [MAX_BATCH, skipped])
+                reply = self._run("requeue", shard, [MAX_BATCH, skipped, until])
                 self._relay_wake(shard, int(reply[0]) > 0)
                 if reply == [0]:  # an empty page: nothing dead past the ones left
                     break
@@ -1663,19 +1666,22 @@ class DelayStore:
                     break
         return total
 
-    def purge_dead(self, ids: Sequence[str] | None = None) -> int:
-        """Delete dead-lettered messages for good. ``ids=None`` purges all."""
+    def purge_dead(self, ids: Sequence[str] | None = None, *, dead_by_ms: int | None = None) -> int:
+        """Delete dead-lettered messages for good. ``ids=None`` purges all those dead-lettered at or before
+        ``dead_by_ms`` (Redis clock; by default when the call starts): a purge confirmed for the letters an
+        operator saw leaves those that die afterwards."""
         total = 0
         if ids is None:
+            until = self.now_ms() if dead_by_ms is None else dead_by_ms
             for shard in range(len(self.shards)):
-                while deleted := int(self._run("purge", shard, [MAX_BATCH])):
+                while deleted := int(self._run("purge", shard, [MAX_BATCH, until])):
                     total += deleted
             return total
         for shard, group in self._by_shard(ids).items():
             for chunk in _chunks(group):
-                total += int(self._run("purge", shard, [MAX_BATCH, *chunk]))
+                total += int(self._run("purge", shard, [MAX_BATCH, 0, *chunk]))
             if shard != 0:
-                total += sum(int(self._run("purge", 0, [MAX_BATCH, *chunk])) for chunk in _chunks(group))
+                total += sum(int(self._run("purge", 0, [MAX_BATCH, 0, *chunk])) for chunk in _chunks(group))
         return total
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import threading
 import time
 from datetime import datetime, timedelta, timezone
 from decimal import Decimal
@@ -23,10 +24,12 @@ from delay_broker import (
     NotReplicated,
     ParkRequest,
     PayloadTooLarge,
+    Promoter,
     StoreUnavailable,
 )
 from delay_broker.deliverers import DirectLists
 from delay_broker.operations import MessageFilter, Operations
+from delay_broker.records import Requeued
 
 from .helpers import envelope, wait_for
 
@@ -366,6 +369,48 @@ def test_purge_dead(store):
     assert store.purge_dead(["job-0"]) == 1
     assert store.purge_dead() == 2
     assert store.stats().dead == 0 and store.get("job-1") is None
+
+
+def kill(store: DelayStore, ids: list[str]) -> None:
+    """Dead-letter ``ids``, parked due now, as a promoter does when their delivery fails for good."""
+    store.park_many([ParkRequest(id, envelope(), delay=0) for id in ids])
+    claim = store.claim(len(ids), lease=30, promoter_id="p")
+    store.nack(claim.lease_deadline_ms, [(m.id, "bad", "dead") for m in claim.messages])
+
+
+def test_requeue_and_purge_of_all_leave_letters_dead_since(store):
+    kill(store, ["old-0", "old-1"])
+    time.sleep(0.005)
+    asked_at = store.now_ms()
+    time.sleep(0.005)
+    kill(store, ["new"])
+    assert store.requeue_dead(dead_by_ms=asked_at).count == 2
+    assert [info.id for info in store.list_messages("dead")] == ["new"]
+    kill(store, ["old-0", "old-1"])  # dead again, after the question
+    assert store.purge_dead(dead_by_ms=asked_at) == 0
+    assert store.purge_dead() == 3
+
+
+def test_requeue_of_all_ends_while_a_promoter_kills_them_again(store):
+    """Dead for a queue no promoter knows: each requeued letter dies again at once. Requeuing all used to follow
+    them down the dead set and never end (2.6 million requeues of 20,000 letters in 40 s)."""
+    count = 20_000
+    store.park_many([ParkRequest(f"job-{n}", envelope(route="nowhere"), delay=0) for n in range(count)])
+    promoters = [Promoter(store, routes(f"{store.keys.namespace}:ready"), batch=1000, max_idle=0.05) for _ in range(2)]
+    for promoter in promoters:
+        promoter.start()
+    try:
+        wait_for(lambda: store.stats().dead == count, timeout=60)
+        result: list[Requeued] = []
+        worker = threading.Thread(target=lambda: result.append(store.requeue_dead()), daemon=True)
+        worker.start()
+        worker.join(60)
+        assert not worker.is_alive(), "requeue_dead() did not end"
+        assert result[0].count == count
+        assert store.stats().counters.get("requeued") == count
+    finally:
+        for promoter in promoters:
+            promoter.stop()
 
 
 def test_requeue_all_dead(store):

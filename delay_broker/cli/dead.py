@@ -103,6 +103,9 @@ def dead_requeue(
         return
     missing: list[str] = []
     if all_:
+        # The clock before the count: what is done is at most what the operator confirmed, never letters that
+        # died after the question (nor, while their cause lasts, those requeued here that die again).
+        dead_by = session.store.now_ms()
         count = session.store.stats().dead
         if count == 0:
             requeued = 0
@@ -112,7 +115,7 @@ def dead_requeue(
                 f"Requeue all {count:,} dead-lettered messages in namespace {namespace!r}? They run again.",
                 yes,
             )
-            result = session.store.requeue_dead(None)
+            result = session.store.requeue_dead(None, dead_by_ms=dead_by)
             requeued, missing = result.count, result.not_requeued
     else:
         result = session.store.requeue_dead(list(dict.fromkeys(ids)))
@@ -153,13 +156,14 @@ def dead_purge(
         what = f"{len(set(ids))} dead-lettered message(s)"
         count = len(ids)
     else:
+        dead_by = session.store.now_ms()  # as for requeue --all: the letters counted, not those dying later
         count = session.store.stats().dead
         what = f"all {count:,} dead-lettered messages in namespace {namespace!r}"
     purged = 0
     unique = list(dict.fromkeys(ids))
     if count:
         confirm(f"purge {what}", f"Delete {what} for good?", yes)
-        purged = session.store.purge_dead(unique if ids else None)
+        purged = session.store.purge_dead(unique) if ids else session.store.purge_dead(None, dead_by_ms=dead_by)
     if as_json:
         emit_json({"purged": purged})
     else:

@@ -4,7 +4,8 @@
 --   MSG       HASH id -> envelope
 --   ATTEMPTS  HASH id -> failed attempts
 --   ERRORS    HASH id -> last error
--- ARGV[1] limit (<= 1000) when no ids follow: purge the oldest dead letters; ARGV[2..] ids
+-- ARGV[1] limit (<= 1000) and ARGV[2] until when no ids follow: purge the oldest dead letters, among those
+-- dead-lettered at or before `until` (ms): what was confirmed, not letters that died since. ARGV[3..] ids
 -- Returns the number of messages deleted.
 
 local problem = denied_command()
@@ -14,11 +15,11 @@ if problem then
 end
 
 local ids = {}
-for i = 2, #ARGV do
+for i = 3, #ARGV do
     ids[#ids + 1] = ARGV[i]
 end
 if #ids == 0 then
-    ids = redis.call('ZRANGE', DEAD, 0, tonumber(ARGV[1]) - 1)
+    ids = redis.call('ZRANGE', DEAD, '-inf', ARGV[2], 'BYSCORE', 'LIMIT', 0, ARGV[1])
 end
 local deleted = {}
 for _, id in ipairs(ids) do

@@ -7,8 +7,10 @@
 --   ERRORS    HASH id -> last error
 --   WAKE      LIST wake marker
 --   STATS     HASH counters
--- ARGV[1] limit (<= 1000) and ARGV[2] offset when no ids follow: requeue dead letters from that rank on (the
--- caller skips those it could not requeue before); ARGV[3..] ids
+-- ARGV[1] limit (<= 1000), ARGV[2] offset and ARGV[3] until when no ids follow: requeue dead letters
+-- dead-lettered at or before `until` (ms), from that rank among them on (the caller skips those it could not
+-- requeue before). The bound keeps a requeue of all from requeuing letters that die again meanwhile, for ever.
+-- ARGV[4..] ids
 -- Returns {requeued, ids not requeued: not dead-lettered, or with no payload to requeue...}.
 
 local problem = denied_command()
@@ -19,12 +21,11 @@ if problem then
 end
 
 local ids = {}
-for i = 3, #ARGV do
+for i = 4, #ARGV do
     ids[#ids + 1] = ARGV[i]
 end
 if #ids == 0 then
-    local offset = tonumber(ARGV[2])
-    ids = redis.call('ZRANGE', DEAD, offset, offset + tonumber(ARGV[1]) - 1)
+    ids = redis.call('ZRANGE', DEAD, '-inf', ARGV[3], 'BYSCORE', 'LIMIT', ARGV[2], ARGV[1])
 end
 local now = now_ms()
 local result = {0}
