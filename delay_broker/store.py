@@ -624,8 +624,10 @@ class DelayStore:
         with self._far.parking(ids) as rows:
             # The far tier first: deleting a row waits for a mover that holds it, after which the message is in
             # Redis. Redis is asked for every id, because a mover that died may have left a copy there too.
-            far = rows.delete(ids)
+            deleted = rows.delete(ids)
             in_redis = self._cancel_in_redis(ids)
+        # A retired row (see _retired) is no message: its copy in Redis is it, and may have run already.
+        far = deleted.keys() - self._retired_rows(deleted)
         self._count("cancelled", [id for id, gone in zip(ids, in_redis, strict=True) if id in far and not gone])
         return {id: id in far or gone for id, gone in zip(ids, in_redis, strict=True)}
 
@@ -1118,6 +1120,12 @@ class DelayStore:
         assert self._far is not None
         row = self._far.get(id)
         return None if row is None or self._retired(self.shard_for(id), {id: row.token}) else row
+
+    def _retired_rows(self, tokens: Mapping[str, int]) -> set[str]:
+        """:meth:`_retired` for ids of any shards."""
+        return set().union(
+            *(self._retired(shard, {id: tokens[id] for id in group}) for shard, group in self._by_shard(tokens).items())
+        )
 
     def _retired(self, shard: int, tokens: Mapping[str, int]) -> set[str]:
         """The ids among ``tokens`` (id: its row's token) whose rows are retired: their tokens are recorded in

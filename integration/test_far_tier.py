@@ -275,6 +275,24 @@ def test_an_id_whose_row_is_retired_is_free_for_keep_parks_and_not_rescheduled(t
     assert store.stats().parked == 2
 
 
+def test_cancel_of_an_id_whose_row_is_retired_and_whose_message_ran_reports_nothing_cancelled(tiered: Any) -> None:
+    store, _, _ = tiered
+    store.park("ran", Envelope("ready", b"old"), delay=3600)
+    now = store.now_ms()
+
+    def adopt_then_die(rows: list[FarRow]) -> None:
+        store._adopt(rows, now + 5000)
+        raise KeyboardInterrupt  # the process dies: its row delete never commits
+
+    with pytest.raises(KeyboardInterrupt):
+        store._far.move(now + 3_700_000, 100, 5000, adopt_then_die)  # type: ignore[union-attr]
+    assert store._cancel_in_redis(["ran"]) == [True]  # as if the moved copy had run
+    counted = store.stats().counters.get("cancelled")
+    assert store.cancel("ran") is False
+    assert store.stats().counters.get("cancelled") == counted
+    assert store.stats().far == 0, "the retired row is gone too"
+
+
 def test_postgresql_down_refuses_far_parks_clearly_and_promotion_goes_on(
     redis_server: EmbeddedRedis, own_postgres: PostgresServer, unique: str
 ) -> None:

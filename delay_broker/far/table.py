@@ -345,9 +345,10 @@ class Parking:
         found = self._fetch("looking up far messages", sql, (self._table.namespace, storable(ids)))
         return {id: (due, token) for id, due, token in found}
 
-    def delete(self, ids: Sequence[str]) -> set[str]:
-        """Delete these ids' rows; the ids that had one."""
-        return {row[0] for row in self._fetch("replacing far messages", self._table.delete_sql, self._delete_args(ids))}
+    def delete(self, ids: Sequence[str]) -> dict[str, int]:
+        """Delete these ids' rows; the ids that had one, with its token."""
+        found = self._fetch("replacing far messages", self._table.delete_sql, self._delete_args(ids))
+        return {id: token for id, token in found}
 
     @contextmanager
     def atomic(self) -> Iterator[None]:
