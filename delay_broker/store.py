@@ -196,6 +196,7 @@ class DelayStore:
         self._wake_tokens: dict[bytes, int] = {}
         self._layout_recorded = False
         self._layout_unrecordable = False
+        self._warned_replication_unknown = False
         self._layout_looked_at = float("-inf")
         self._scripts = {name: client.register_script(scripts.source(name)) for name in scripts.NAMES}
         if isinstance(far_tier, str):
@@ -341,12 +342,23 @@ class DelayStore:
         """The shard holding message ``id`` (recurring schedules' occurrences live in shard 0)."""
         return shard_of(id, len(self.shards))
 
-    def _run(self, name: str, shard: int, args: Sequence[Any], *, extra: Sequence[str] = (), write: bool = True) -> Any:
+    def _run(
+        self,
+        name: str,
+        shard: int,
+        args: Sequence[Any],
+        *,
+        extra: Sequence[str] = (),
+        write: bool = True,
+        replicas: int | None = None,
+    ) -> Any:
+        """Script ``name`` on a shard; a write waits for ``replicas`` (by default the store's) to confirm it."""
         space = (self._shards or self._read_layout(name))[shard]
         keys = [*space.script_keys, *extra]
+        replicas = self.replicas if replicas is None else replicas
         with self._redis(name):
-            if write and self.replicas:
-                return self._run_replicated(name, space, keys, args)
+            if write and replicas:
+                return self._run_replicated(name, space, keys, args, replicas)
             if self.cluster:
                 return self._run_on_cluster(name, keys, args)
             return self._scripts[name](keys=keys, args=args)
@@ -393,22 +405,31 @@ class DelayStore:
         node = self.client.get_node(host=error.host, port=error.port)  # type: ignore[union-attr]
         return None if node is None else self.client.get_redis_connection(node)  # type: ignore[union-attr]
 
-    def _run_replicated(self, name: str, space: Keyspace, keys: list[str], args: Sequence[Any]) -> Any:
-        return self._replicated(name, space, lambda pipe: self._scripts[name](keys=keys, args=args, client=pipe))
+    def _run_replicated(
+        self, name: str, space: Keyspace, keys: list[str], args: Sequence[Any], replicas: int | None = None
+    ) -> Any:
+        def write(pipe: Any) -> object:
+            return self._scripts[name](keys=keys, args=args, client=pipe)
 
-    def _replicated(self, name: str, space: Keyspace, write: Callable[[Any], object]) -> Any:
-        """``write`` (into a pipeline) followed by ``WAIT`` on the same connection to the shard's master."""
+        return self._replicated(name, space, write, replicas)
+
+    def _replicated(
+        self, name: str, space: Keyspace, write: Callable[[Any], object], replicas: int | None = None
+    ) -> Any:
+        """``write`` (into a pipeline) followed by ``WAIT`` for ``replicas`` (by default the store's) on the same
+        connection to the shard's master."""
+        needed = self.replicas if replicas is None else replicas
 
         def write_and_wait(client: redis.Redis) -> list[Any]:
             pipe = client.pipeline(transaction=False)
             write(pipe)
-            pipe.wait(self.replicas, self.replica_timeout_ms)
+            pipe.wait(needed, self.replica_timeout_ms)
             return pipe.execute()
 
         reply, confirmed = self._on_shard_master(space, write_and_wait)
-        if int(confirmed) < self.replicas:
+        if int(confirmed) < needed:
             raise NotReplicated(
-                f"{name} was written on the master but confirmed by {confirmed} of {self.replicas} replica(s) "
+                f"{name} was written on the master but confirmed by {confirmed} of {needed} replica(s) "
                 f"within {self.replica_timeout_ms} ms: not reported as done (a failover now could lose it); "
                 "doing it again is safe"
             )
@@ -533,6 +554,7 @@ class DelayStore:
         revision: str = "",
         adopt: tuple[int, list[int]] | None = None,
         retire: Sequence[int] = (),
+        replicas: int | None = None,
     ) -> list[ParkResult]:
         """One park.lua call: ``adopt`` (the mover's deadline and the rows' tokens) moves far rows in;
         ``retire`` are the tokens of far rows the park replaces (see park.lua)."""
@@ -543,7 +565,7 @@ class DelayStore:
         args: list[Any] = [on_conflict, MAX_DUE_MS, schedule, limit, revision, fence, tokens]
         for item in chunk:
             args.extend(item)
-        reply = self._run("park", shard, args)
+        reply = self._run("park", shard, args, replicas=replicas)
         self._relay_wake(shard, reply[-1])
         outcomes: tuple[Literal["kept", "new", "replaced", "stale", "moved"], ...] = (
             "kept",
@@ -1031,7 +1053,33 @@ class DelayStore:
     def _adopt(self, rows: list[FarRow], deadline_ms: int) -> None:
         for shard, group in self._rows_by_shard(rows).items():
             chunk = [(row.id, "a", row.due_ms, row.record) for row in group]
-            self._park(shard, chunk, "keep", max_delay_ms=-1, adopt=(deadline_ms, [row.token for row in group]))
+            tokens = [row.token for row in group]
+            replicas = self._adoption_replicas(shard)
+            self._park(shard, chunk, "keep", max_delay_ms=-1, adopt=(deadline_ms, tokens), replicas=replicas)
+
+    def _adoption_replicas(self, shard: int) -> int:
+        """Replicas that must confirm far rows moved into ``shard`` before the rows are deleted: the store's, or
+        with none asked for, one if the shard's master has any. Those messages were safe in PostgreSQL, often
+        for weeks: a failover right after the move must not lose them, as it may lose a fresh park (which its
+        producer saw only just acknowledged). Not confirmed, the move is rolled back and made again later."""
+        if self.replicas:
+            return self.replicas
+        try:
+            with self._redis("reading the replication state"):
+                info = self._on_shard_master(self.shards[shard], lambda client: client.info("replication"))
+        except DelayBrokerError as error:
+            if not isinstance(error.__cause__, redis.exceptions.NoPermissionError):
+                raise
+            if not self._warned_replication_unknown:
+                self._warned_replication_unknown = True
+                logger.warning(
+                    "Store %r: cannot read the master's replication state (%s); far rows moved into Redis are not "
+                    "confirmed by a replica before they are deleted. Allow +info and +wait, or set replicas=1.",
+                    self.keys.namespace,
+                    error,
+                )
+            return 0
+        return 1 if int(info.get("connected_slaves", 0)) > 0 else 0
 
     def _forget_moved(self, rows: list[FarRow]) -> None:
         for shard, group in self._rows_by_shard(rows).items():

@@ -9,7 +9,8 @@
 --   ERRORS    HASH id -> last error
 --   WAKE      LIST wake marker
 --   STATS     HASH counters ('parked'; 'moved_in' when adopting far rows)
---   CRON      HASH schedule name -> due ms of the latest occurrence parked for it
+--   CRON      HASH schedule name -> due ms of the latest occurrence parked for it (decimal digits only; any
+--             other value is a malformed record, refused)
 --   SCHEDULES_REV  STRING revision of the runtime schedules' definitions
 --   MOVED     ZSET far-tier token -> when its message was moved in (adopting, or replacing far rows)
 -- ARGV[1] on_conflict: 'replace' (reschedule and replace the payload) or 'keep' (leave an existing id alone)
@@ -26,7 +27,7 @@
 --         it the mover's PostgreSQL locks may be gone and another mover may hold the rows, so nothing is written
 -- ARGV[7] adopting: the far-tier tokens of the groups, space-separated, in group order. A token already in
 --         MOVED was adopted before, by a mover that died before deleting its row: that group is skipped. Every
---         other token is recorded, so that a row moved in is never moved in twice (nor run twice).
+--         token is recorded (again), so that a row moved in is never moved in twice (nor run twice).
 --         Not adopting: '' or the tokens of the far rows this park replaces, whose delete commits only after
 --         it; they are recorded in MOVED, so that a row whose delete failed is never moved in after all.
 -- ARGV[8..] groups of 4: id, kind ('d' = delay in ms from Redis TIME, 'a' = absolute due ms), value, envelope
@@ -124,7 +125,9 @@ if schedule ~= '' then
     end
     local latest = redis.call('HGET', CRON, schedule)
     if latest then
-        local latest_due = tonumber(latest)
+        -- Digits only, as Python reads records: tonumber would also take '1e400', '0x10', '1.5' or 'nan', and
+        -- the two would disagree on what the latest occurrence is.
+        local latest_due = string.match(latest, '^%d+$') and tonumber(latest)
         if not latest_due then
             return redis.error_reply('ERR malformed record of schedule ' .. schedule .. ' in '
                 .. CRON .. ': ' .. string.sub(latest, 1, 40) .. ' (delete the field to start it afresh)')
@@ -193,10 +196,10 @@ for n = 1, count do
 end
 
 if adopting then
+    -- A group moved in before is recorded again too: then this call writes, and the WAIT that follows it (the
+    -- row is deleted only once a replica confirms) covers the earlier move, which may not have been confirmed.
     for n = 1, count do
-        if not moved[n] then
-            redis.call('ZADD', MOVED, now, tokens[n])
-        end
+        redis.call('ZADD', MOVED, now, tokens[n])
     end
 end
 if retiring then
