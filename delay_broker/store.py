@@ -73,6 +73,9 @@ logger = logging.getLogger("delay_broker.store")
 MAX_BATCH = 1000
 MAX_ID_LENGTH = 512
 DEFAULT_MAX_PAYLOAD = 1024 * 1024
+FAR_HOLD_BACK_SECONDS = 5.0
+"""How long far rows a shard could not take are passed over by the sweeps of this store (at least a sweep
+interval): long enough for the other shards' rows to get through, short enough to find a master back soon."""
 STORE_OPTIONS = (
     "namespace",
     "prefix",
@@ -197,6 +200,8 @@ class DelayStore:
         self._layout_recorded = False
         self._layout_unrecordable = False
         self._warned_replication_unknown = False
+        self._far_held_back: dict[str, float] = {}
+        self._far_shards_down: set[int] = set()
         self._layout_looked_at = float("-inf")
         self._scripts = {name: client.register_script(scripts.source(name)) for name in scripts.NAMES}
         if isinstance(far_tier, str):
@@ -1040,22 +1045,64 @@ class DelayStore:
         now = self.now_ms()
         deadline = now + tier.lease_ms
         rows = self._far.move(
-            now + tier.horizon_ms, tier.batch, tier.lease_ms, lambda found: self._adopt(found, deadline), ids
+            now + tier.horizon_ms,
+            tier.batch,
+            tier.lease_ms,
+            lambda found: self._adopt(found, deadline, partial=True),
+            ids,
+            skip=self._held_back_rows(),
         )
         if rows:
             self._forget_moved(rows)
         return len(rows)
 
+    def _held_back_rows(self) -> list[str]:
+        """The ids of rows whose shard could not take them lately: passed over until their pause ends, or they
+        would fill every batch, and a master that is down would hold up the other shards' messages too."""
+        now = time.monotonic()
+        self._far_held_back = {id: until for id, until in self._far_held_back.items() if until > now}
+        return list(self._far_held_back)
+
     def _rows_by_shard(self, rows: list[FarRow]) -> dict[int, list[FarRow]]:
         by_id = {row.id: row for row in rows}  # ids are unique in a namespace's table
         return {shard: [by_id[id] for id in ids] for shard, ids in self._by_shard(by_id).items()}
 
-    def _adopt(self, rows: list[FarRow], deadline_ms: int) -> None:
+    def _adopt(self, rows: list[FarRow], deadline_ms: int, *, partial: bool = False) -> list[FarRow]:
+        """Park far rows into their shards; returns the rows adopted. With ``partial``, a shard whose master
+        cannot take them now (down, or no replica confirming) is left out, its rows left in the table and held
+        back for a while, so that the other shards' rows move; it raises only when no shard took its rows."""
+        adopted: list[FarRow] = []
+        failed: list[tuple[int, list[FarRow], StoreUnavailable]] = []
         for shard, group in self._rows_by_shard(rows).items():
             chunk = [(row.id, "a", row.due_ms, row.record) for row in group]
             tokens = [row.token for row in group]
-            replicas = self._adoption_replicas(shard)
-            self._park(shard, chunk, "keep", max_delay_ms=-1, adopt=(deadline_ms, tokens), replicas=replicas)
+            try:
+                replicas = self._adoption_replicas(shard)
+                self._park(shard, chunk, "keep", max_delay_ms=-1, adopt=(deadline_ms, tokens), replicas=replicas)
+            except StoreUnavailable as error:
+                if not partial:
+                    raise
+                failed.append((shard, group, error))
+                continue
+            adopted.extend(group)
+            if shard in self._far_shards_down:
+                self._far_shards_down.discard(shard)
+                logger.info("Store %r: far rows move into shard %d again.", self.keys.namespace, shard)
+        pause = time.monotonic() + max(FAR_HOLD_BACK_SECONDS, self.far_tier.sweep_interval if self.far_tier else 0)
+        for shard, group, refusal in failed:
+            self._far_held_back.update((row.id, pause) for row in group)
+            if shard not in self._far_shards_down:
+                self._far_shards_down.add(shard)
+                logger.warning(
+                    "Store %r: far rows for shard %d stay in PostgreSQL until it takes them (%s); the other shards' "
+                    "move on.",
+                    self.keys.namespace,
+                    shard,
+                    refusal,
+                )
+        if failed and not adopted:
+            raise failed[0][2]  # nothing moved: the sweeper backs off, and passes over these rows next time
+        return adopted
 
     def _adoption_replicas(self, shard: int) -> int:
         """Replicas that must confirm far rows moved into ``shard`` before the rows are deleted: the store's, or

@@ -153,23 +153,34 @@ class FarTable:
         )
 
     def move(
-        self, edge_ms: int, limit: int, lease_ms: int, adopt: Callable[[list[FarRow]], None], ids: Sequence[str] = ()
+        self,
+        edge_ms: int,
+        limit: int,
+        lease_ms: int,
+        adopt: Callable[[list[FarRow]], list[FarRow] | None],
+        ids: Sequence[str] = (),
+        *,
+        skip: Sequence[str] = (),
     ) -> list[FarRow]:
-        """Move up to ``limit`` rows due by ``edge_ms`` (or those of ``ids``) out of the table: lock them (rows
-        another mover holds are skipped), ``adopt`` them into Redis, delete them, commit. ``adopt`` raising
-        rolls everything back. The session gives up its locks after ``lease_ms`` idle in the transaction, so a
-        mover that hangs holds nothing for longer: ``adopt`` must refuse to write once that long has passed."""
+        """Move up to ``limit`` rows due by ``edge_ms`` (or those of ``ids``), but not those of ``skip``, out of
+        the table: lock them (rows another mover holds are skipped), ``adopt`` them into Redis, delete those it
+        adopted (it returns them; None: all), commit. ``adopt`` raising rolls everything back. The session gives
+        up its locks after ``lease_ms`` idle in the transaction, so a mover that hangs holds nothing for longer:
+        ``adopt`` must refuse to write once that long has passed."""
         where = "id = ANY(%s)" if ids else "due_ms <= %s"
         select = (
             f"SELECT id, due_ms, token, record FROM {self.table} WHERE namespace = %s AND {where} "
-            "ORDER BY due_ms, token LIMIT %s FOR UPDATE SKIP LOCKED"
+            "AND NOT id = ANY(%s) ORDER BY due_ms, token LIMIT %s FOR UPDATE SKIP LOCKED"
         )
         with self._transaction("moving far messages into Redis") as connection:
             connection.execute("SELECT set_config('idle_in_transaction_session_timeout', %s, true)", (str(lease_ms),))
-            found = connection.execute(select, (self.namespace, storable(ids) if ids else edge_ms, limit)).fetchall()
+            bound = storable(ids) if ids else edge_ms
+            found = connection.execute(select, (self.namespace, bound, storable(skip), limit)).fetchall()
             rows = [FarRow(id, due, token, bytes(record)) for id, due, token, record in found]
             if rows:
-                adopt(rows)
+                adopted = adopt(rows)
+                rows = rows if adopted is None else adopted
+            if rows:
                 # By primary key: the token has no index of its own, and a DELETE by token alone read every
                 # row of the namespace, each batch (50,000 rows swept at 1,300-2,600/s instead of 25,000/s).
                 # The rows are locked, so their tokens are the ones read; checking them costs nothing.
