@@ -31,7 +31,7 @@ from typing import Literal
 from .clock import Delay, delay_to_ms, ms_to_datetime, score_ceiling, score_floor
 from .decoding import searchable_text
 from .envelope import Envelope
-from .errors import ConfigurationError, CorruptEnvelope
+from .errors import ConfigurationError, CorruptEnvelope, InvalidDelay, StoreError
 from .records import FarSnapshot, IndexScan, Position
 from .store import MAX_BATCH, DelayStore, ListState, MessageInfo
 
@@ -39,6 +39,10 @@ SCAN_PER_CALL = 5000
 """Entries one ``find.lua`` call examines at most: one call stays well under a millisecond per thousand."""
 MAX_SCAN = 1_000_000
 """Entries one page may examine per shard before it returns what it has (with a cursor to go on)."""
+
+UNREWRITABLE: tuple[type[Exception], ...] = (ValueError, TypeError, KeyError, AttributeError, RecursionError)
+"""What rewriting one message's payload may raise when the payload is not what its framework writes (bytes
+that are not UTF-8 or JSON, a record of another shape, JSON nested too deep): that message cannot be moved."""
 
 Action = Literal["cancel", "run_now", "reschedule", "requeue", "purge"]
 Ids = Sequence[str] | Mapping[str, str]
@@ -117,6 +121,9 @@ class BulkResult:
     skipped: list[str] = field(default_factory=list)
     """Ids known not to have been acted on: no longer in that state (promoted, cancelled, moved meanwhile).
     A purge counts them but cannot name them."""
+    failed: dict[str, str] = field(default_factory=dict)
+    """Ids still there but not acted on, each with why: a Celery message whose payload cannot be read to move
+    its eta with it. The action went on with the others."""
 
 
 class Operations:
@@ -334,8 +341,20 @@ class Operations:
             raise ValueError("give delay or due")
         targets = self._targets(ids, filter, ("due",))
         when = due if due is not None else ms_to_datetime(self.store.now_ms() + delay_to_ms(delay))
-        skipped = [id for id, framework in targets.items() if reschedule_one(self.store, id, when, framework) is None]
-        return BulkResult(action, len(targets), len(targets) - len(skipped), skipped)
+        skipped: list[str] = []
+        failed: dict[str, str] = {}
+        for id, framework in targets.items():
+            try:
+                moved = reschedule_one(self.store, id, when, framework)
+            except (StoreError, InvalidDelay, ConfigurationError):
+                raise  # the store, the due time or the setup: every other message would fail the same way
+            except UNREWRITABLE as error:
+                # One message that cannot be rewritten must not leave the rest of a bulk action undone.
+                failed[id] = f"{type(error).__name__}: {error}"
+                continue
+            if moved is None:
+                skipped.append(id)
+        return BulkResult(action, len(targets), len(targets) - len(skipped) - len(failed), skipped, failed)
 
     def requeue(self, ids: Ids | None = None, filter: MessageFilter | None = None) -> BulkResult:
         """Park dead-lettered messages again, due now, attempts reset."""

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import html
+import json
 import re
 import threading
 import time
@@ -245,6 +246,23 @@ def test_malformed_input_gets_a_page_that_says_what_is_wrong(dashboards, path: s
     assert b"Internal Server Error" not in refused.value.read()
 
 
+def test_an_id_the_store_refuses_fails_the_action_before_any_id_is_acted_on(redis_server: EmbeddedRedis) -> None:
+    """An id that is not UTF-8 (a lone surrogate in the JSON list) or that the store refuses gets a 400 that
+    says so, and the ids listed before it are left as they were, for every action."""
+    with own_dashboard(redis_server) as served:
+        served.store.park("first", Envelope("emails", b"{}"), delay=3600)
+        for action in ("cancel", "run_now", "requeue", "purge"):
+            for bad in ("\ud800", "", "x" * 513):
+                form = {"action": action, "ids": json.dumps(["first", bad]), "confirmed": "yes"}
+                with pytest.raises(urllib.error.HTTPError) as refused:
+                    post_form(served.url + "/actions", form)
+                assert refused.value.code == 400, (action, bad)
+                assert "Nothing was done: message id" in html.unescape(refused.value.read().decode())
+        info = served.store.get("first")
+        assert info is not None and info.state == "due" and info.due_ms is not None
+        assert info.due_ms > served.store.now_ms() + 3_000_000, "not run now"
+
+
 def test_a_store_that_cannot_be_reached_gets_a_page_that_says_so(redis_server: EmbeddedRedis) -> None:
     with EmbeddedRedis() as gone:
         store = DelayStore(gone.client(), namespace="web-down")
@@ -388,6 +406,44 @@ def test_a_bulk_action_refuses_as_many_others_as_were_confirmed(redis_server: Em
         assert refused.value.code == 409
         assert "other messages than the 2 you confirmed" in refused.value.read().decode()
         assert sorted(info.id for info in served.store.iter_all("due")) == ["newcomer", "second"]
+
+
+def test_a_bulk_run_now_goes_on_past_a_celery_payload_it_cannot_rewrite_and_names_it(
+    redis_server: EmbeddedRedis,
+) -> None:
+    """The other messages run now; the page names the one left as it was, with why (not a 500)."""
+    with own_dashboard(redis_server) as served:
+        celery = Celery("web-bad-payload", broker=redis_server.url, set_as_current=False)
+        install(celery, threshold=1.0, namespace=served.store.keys.namespace)
+        for n in range(3):
+            celery.send_task("tasks.bill", args=[n], countdown=3600, task_id=f"bill-{n}")
+        celery.close()
+        served.store.park("bad", Envelope("celery", b"\x80not json", framework="celery", name="tasks.bill"), delay=3600)
+        before = served.store.get("bad")
+        bulk = {**BULK_CANCEL, "action": "run_now", "task": "tasks.bill", "queue": "", "from": "", "to": ""}
+        by_ids = {"action": "run_now", "ids": '["bill-0", "bad"]', "confirmed": "yes"}
+        for form, summary in ((confirm_page(served.url, bulk), "3 of 4"), (by_ids, "1 of 2")):
+            with post_form(served.url + "/actions", form) as done:
+                text = html.unescape(done.read().decode())
+            assert f"{summary} message(s) done." in text and "no longer there" not in text
+            assert "1 message(s) could not be rewritten" in text and "UnicodeDecodeError" in text
+            assert '<code class="message-id">bad</code>' in text
+        assert served.store.stats().overdue == 3 and served.store.get("bad") == before
+
+
+@pytest.mark.parametrize("count", ["²", "٣", "1e3", "-1", ""])
+def test_a_confirmed_count_that_is_not_a_number_is_refused(redis_server: EmbeddedRedis, count: str) -> None:
+    """The count the confirm page carries is ASCII digits; anything else (even what str.isdigit takes) is a
+    form that does not say what was confirmed: a 400, whether the digest still matches or not."""
+    with own_dashboard(redis_server) as served:
+        served.store.park("kept", Envelope("emails", b"{}"), delay=3600)
+        confirmed = confirm_page(served.url, {**BULK_CANCEL, "queue": "emails", "from": "", "to": ""})
+        for digest in (confirmed["digest"], "other"):
+            with pytest.raises(urllib.error.HTTPError) as refused:
+                post_form(served.url + "/actions", {**confirmed, "count": count, "digest": digest})
+            assert refused.value.code == 400, digest
+            assert "does not say which messages were confirmed: nothing was done" in refused.value.read().decode()
+        assert served.store.get("kept") is not None
 
 
 def test_a_relative_window_means_the_instants_it_meant_when_confirmed(redis_server: EmbeddedRedis) -> None:

@@ -703,6 +703,29 @@ def test_the_cli_sees_both_tiers_when_given_the_far_tier(tiered: Any, postgres: 
     assert store.get("far") is None and store.stats().parked == 1
 
 
+def test_the_metrics_command_counts_the_far_tier_when_given_it(tiered: Any, postgres: PostgresServer) -> None:
+    """``delay-broker metrics`` takes the far tier as the other commands do (option or environment), and its
+    gauges then count the rows in PostgreSQL as parked."""
+    store, client, _ = tiered
+    store.park("near", Envelope("ready", b"n"), delay=1)  # within HORIZON: in Redis
+    for n in range(3):
+        store.park(f"far-{n}", Envelope("ready", b"f"), delay=7 * 86400)
+    url = client.connection_pool.connection_kwargs
+    namespace = store.keys.namespace
+    environment = {"DELAY_BROKER_REDIS_URL": f"redis://{url['host']}:{url['port']}/0", "DELAY_BROKER_NAMESPACE": None}
+
+    def parked(*args: str, env: dict[str, str | None] | None = None) -> str:
+        scrape = CliRunner().invoke(
+            cli, ["metrics", "--print", "-n", namespace, *args], env={**environment, **(env or {})}
+        )
+        assert scrape.exit_code == 0, scrape.output
+        return next(line for line in scrape.stdout.splitlines() if line.startswith("delay_broker_parked_messages"))
+
+    assert parked() == f'delay_broker_parked_messages{{namespace="{namespace}"}} 1.0', "without it, Redis alone"
+    assert parked("--far-tier", postgres.url).endswith(" 4.0")
+    assert parked(env={"DELAY_BROKER_FAR_TIER": postgres.url, "DELAY_BROKER_FAR_HORIZON": "60"}).endswith(" 4.0")
+
+
 def test_a_park_that_fails_in_redis_gives_its_locks_back(tiered: Any) -> None:
     store, client, _ = tiered
     client.set(store.keys.due, "not a sorted set")  # the Redis half of the far park is refused

@@ -372,6 +372,32 @@ def test_show_unknown_id_fails_clearly(run, populated):
     assert result.exit_code == 1 and "no message 'nope'" in result.output
 
 
+@pytest.mark.parametrize(
+    ("args", "named"),
+    [
+        (["show", "\udcff\udcfe"], "'ID'"),
+        (["cancel", "--yes", "\udcff\udcfe"], "'[ID]...'"),
+        (["cancel", "--yes", "dq-soon", "m1\udcff"], "'[ID]...'"),
+        (["reschedule", "\udcff", "--now"], "'[ID]'"),
+        (["dead", "show", "\udcff"], "'ID'"),
+        (["dead", "requeue", "dq-dead", "\udcff"], "'[ID]...'"),
+        (["dead", "purge", "--yes", "\udcff"], "'[ID]...'"),
+        (["ls", "--id-prefix", "\udcff"], "'--id-prefix'"),
+        (["ls", "dead", "--queue", "\udcff"], "'--queue'"),
+        (["cancel", "--yes", "--id-prefix", "\udcff"], "'--id-prefix'"),
+        (["reschedule", "--task", "\udcff", "--now", "--yes"], "'--task'"),
+    ],
+)
+def test_text_that_is_not_utf8_is_a_usage_error_naming_its_argument(run, populated, store, args, named):
+    """Bytes that are not UTF-8 on the command line (surrogates to Python) are refused before anything is done,
+    naming the argument, not with a traceback from the Redis client nor as a bad --cursor."""
+    result = run(*args)
+    assert result.exit_code == 2, result.output
+    assert f"Invalid value for {named}:" in result.output and "is not valid UTF-8" in result.output
+    assert "Traceback" not in result.output and "--cursor" not in result.output
+    assert (store.get("dq-soon").state, store.get("dq-dead").state) == ("due", "dead"), "nothing was done"
+
+
 # -- cancel / reschedule -----------------------------------------------------------------------------------------
 
 
@@ -860,6 +886,27 @@ def test_a_bulk_action_acts_on_the_messages_it_asked_about(run, store: DelayStor
 
     moved = as_json(run("reschedule", "--queue", "emails", "--now", "--yes", "--json"))
     assert (moved["matched"], moved["done"]) == (3, 3) and store.stats().overdue == 3
+
+
+def test_a_bulk_move_goes_on_past_a_celery_payload_it_cannot_rewrite_and_says_so(run, store: DelayStore) -> None:
+    """The others are moved; the unreadable one is named with why, left as it was, and the command exits 1."""
+    for n in range(4):
+        store.park(f"cel-{n}", celery_envelope("tasks.add", f"cel-{n}"), delay=3600)
+    store.park("bad", Envelope("celery", b"\x80not json", framework="celery", name="tasks.add"), delay=3600)
+    before = store.get("bad")
+    result = run("reschedule", "--task", "tasks.add", "--now", "--yes")
+    assert result.exit_code == 1
+    assert "Run now: 4 of 5 matching message(s)." in result.output and "no longer there" not in result.output
+    assert "could not be rewritten" in result.output and "'bad': UnicodeDecodeError" in result.output
+    assert "Traceback" not in result.output
+    assert store.stats().overdue == 4 and store.get("bad") == before
+    moved = run("reschedule", "--task", "tasks.add", "--in", "1h", "--yes", "--json")
+    report, _ = json.JSONDecoder().raw_decode(moved.stdout)
+    assert moved.exit_code == 1 and (report["matched"], report["done"], report["skipped"]) == (5, 4, [])
+    assert list(report["failed"]) == ["bad"] and "UnicodeDecodeError" in report["failed"]["bad"]
+    single = run("reschedule", "bad", "--now")
+    assert single.exit_code == 1 and "'bad' could not be rescheduled" in single.output
+    assert "UnicodeDecodeError" in single.output and store.get("bad") == before
 
 
 def test_a_store_with_its_own_key_prefix_is_read_with_prefix(run, redis_server, namespace) -> None:

@@ -147,6 +147,37 @@ def test_run_now_and_reschedule_by_filter_move_only_the_matching(sharded):
     assert headers["eta"].startswith(later.date().isoformat()), "a Celery task's eta moves with it"
 
 
+UNREADABLE_CELERY = {
+    "bad-bytes": b"\x80not json",
+    "bad-json": b"{not json",
+    "bad-shape": b"[1, 2]",
+    "bad-deep": b"[" * 100_000 + b"]" * 100_000,
+}
+"""Celery payloads whose eta cannot be rewritten: not UTF-8, not JSON, not kombu's record, nested too deep."""
+
+
+@pytest.mark.parametrize("how", ["filter", "ids"])
+def test_a_bulk_move_goes_on_past_celery_messages_it_cannot_rewrite_and_names_them(sharded, how):
+    """Run now and reschedule move every other message, and report each unreadable one with the reason; those
+    are left as they were."""
+    for n in range(6):
+        sharded.park(f"cel-{n}", celery_envelope("tasks.add", f"cel-{n}"), delay=3600)
+    for id, payload in UNREADABLE_CELERY.items():
+        sharded.park(id, Envelope("celery", payload, framework="celery", name="tasks.add"), delay=3600)
+    stored = {id: sharded.get(id) for id in UNREADABLE_CELERY}
+    ops = Operations(sharded)
+    ids = [*UNREADABLE_CELERY, *(f"cel-{n}" for n in range(6))]
+    targets = {"filter": MessageFilter(task="tasks.add")} if how == "filter" else {"ids": sorted(ids)}
+    later = datetime.now(timezone.utc) + timedelta(days=3)
+    for result in (ops.reschedule(**targets, due=later), ops.run_now(**targets)):
+        assert (result.matched, result.done, result.skipped) == (10, 6, [])
+        assert sorted(result.failed) == sorted(UNREADABLE_CELERY)
+        assert "UnicodeDecodeError" in result.failed["bad-bytes"] and "JSONDecodeError" in result.failed["bad-json"]
+    now = sharded.now_ms()
+    assert all(sharded.get(f"cel-{n}").due_ms <= now for n in range(6))  # type: ignore[union-attr,operator]
+    assert {id: sharded.get(id) for id in UNREADABLE_CELERY} == stored, "left as they were"
+
+
 def test_dead_letters_are_requeued_and_purged_by_filter(sharded):
     past = datetime.now(timezone.utc) - timedelta(minutes=1)
     for n in range(30):

@@ -9,8 +9,8 @@ import click
 from rich.text import Text
 
 from ..clock import delay_to_ms, ms_to_datetime
-from ..errors import ConfigurationError
-from ..operations import Operations, reschedule_one
+from ..errors import DelayBrokerError
+from ..operations import UNREWRITABLE, Operations, reschedule_one
 from ..store import MessageInfo
 from .common import (
     STATE_WORDS,
@@ -163,8 +163,13 @@ def reschedule(
         raise click.ClickException(f"message {describe(info)} is not parked, so it cannot be rescheduled{hint}")
     try:
         due_ms = reschedule_one(session.store, id, due)
-    except ConfigurationError as error:
-        raise click.ClickException(str(error)) from None
+    except DelayBrokerError:
+        raise  # reports_errors says it in one line
+    except UNREWRITABLE as error:
+        raise click.ClickException(
+            f"message {printable(id)!r} could not be rescheduled, its payload cannot be rewritten: "
+            f"{printable(f'{type(error).__name__}: {error}')}"
+        ) from None
     if due_ms is None:
         raise click.ClickException(f"message {printable(id)!r} could not be rescheduled: it was promoted meanwhile")
     if as_json:

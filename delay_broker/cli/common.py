@@ -63,11 +63,8 @@ def prefix_option(func: F) -> F:
     )(func)
 
 
-def store_options(func: F) -> F:
-    """``--redis-url``, ``--namespace``, ``--prefix``, ``--far-tier``, ``--far-horizon`` and ``--json``, shared
-    by every command that reads the store."""
-    func = click.option("--json", "as_json", is_flag=True, help="Print JSON (for scripts) instead of tables.")(func)
-    func = prefix_option(func)
+def far_tier_options(func: F) -> F:
+    """``--far-tier`` and ``--far-horizon``: the application's far tier, if it has one (kept for open_session)."""
     func = click.option(
         "--far-horizon",
         envvar="DELAY_BROKER_FAR_HORIZON",
@@ -89,6 +86,15 @@ def store_options(func: F) -> F:
         help="The PostgreSQL of your application's far tier, if it has one (postgresql://...): its messages are "
         "then listed, counted, shown, cancelled and rescheduled with those in Redis.",
     )(func)
+    return func
+
+
+def store_options(func: F) -> F:
+    """``--redis-url``, ``--namespace``, ``--prefix``, ``--far-tier``, ``--far-horizon`` and ``--json``, shared
+    by every command that reads the store."""
+    func = click.option("--json", "as_json", is_flag=True, help="Print JSON (for scripts) instead of tables.")(func)
+    func = prefix_option(func)
+    func = far_tier_options(func)
     func = click.option(
         "--namespace",
         "-n",
@@ -150,16 +156,48 @@ def open_session(redis_url: str | None, namespace: str, as_json: bool) -> Sessio
 
 
 def reports_errors(func: F) -> F:
-    """Turn store and Redis errors into a one-line message and exit status 1 (no traceback)."""
+    """Refuse text arguments that are not UTF-8 before doing anything, and turn store and Redis errors into a
+    one-line message and exit status 1 (no traceback)."""
 
     @functools.wraps(func)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        check_text(click.get_current_context(silent=True))
         try:
             return func(*args, **kwargs)
         except (DelayBrokerError, redis.RedisError) as error:
             raise click.ClickException(str(error) or type(error).__name__) from None
+        except UnicodeEncodeError as error:
+            # Text that reached Redis (or PostgreSQL) by a way check_text does not see: still one line.
+            raise click.ClickException(f"text that is not valid UTF-8 cannot be stored or looked up: {error}") from None
 
     return cast(F, wrapper)
+
+
+def check_text(ctx: click.Context | None) -> None:
+    """A usage error naming the argument or option whose text cannot be encoded as UTF-8: bytes that are not
+    UTF-8 on the command line (Python keeps them as surrogates) can be no id, queue or prefix Redis holds, and
+    refusing them here, before the first command, leaves nothing half done."""
+    if ctx is None:
+        return
+    for param in ctx.command.params:
+        if not isinstance(param.type, click.types.StringParamType):
+            continue  # paths and choices are not sent to the store
+        value = ctx.params.get(param.name or "")
+        for text in value if isinstance(value, list | tuple) else (value,):
+            if isinstance(text, str) and not _is_utf8(text):
+                raise click.BadParameter(
+                    f"{text!r} is not valid UTF-8 (ids, names and prefixes in the store are UTF-8 text)",
+                    ctx=ctx,
+                    param=param,
+                )
+
+
+def _is_utf8(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def emit_json(data: Any) -> None:
@@ -328,14 +366,30 @@ def act_on_filter(
     if not targets:
         report(
             session,
-            {"action": verb, "matched": 0, "done": 0, "skipped": []},
+            {"action": verb, "matched": 0, "done": 0, "skipped": [], "failed": {}},
             f"No {STATE_WORDS[filter.state]} message matches {describe_filter(filter)}.",
         )
         return True
     confirm(f"{verb} {what}", f"{verb.capitalize()} {what}?", yes)
     result = act(ops, targets)
     text = f"{verb.capitalize()}: {result.done:,} of {result.matched:,} matching message(s)."
-    if result.matched - result.done:
-        text += f" {result.matched - result.done:,} were no longer there (promoted or changed meanwhile)."
-    report(session, {"action": verb, "matched": result.matched, "done": result.done, "skipped": result.skipped}, text)
+    gone = result.matched - result.done - len(result.failed)
+    if gone:
+        text += f" {gone:,} were no longer there (promoted or changed meanwhile)."
+    data = {
+        "action": verb,
+        "matched": result.matched,
+        "done": result.done,
+        "skipped": result.skipped,
+        "failed": result.failed,
+    }
+    report(session, data, text)
+    if result.failed:
+        # Still there and not acted on: an error, unlike a message gone meanwhile. Each with why, on stderr.
+        click.echo(f"Not done for {len(result.failed):,} message(s) that could not be rewritten:", err=True)
+        for id, reason in list(result.failed.items())[:20]:
+            click.echo(f"  {printable(id)!r}: {printable(reason)}", err=True)
+        if len(result.failed) > 20:
+            click.echo(f"  ... and {len(result.failed) - 20:,} more (--json lists them all)", err=True)
+        sys.exit(1)
     return True

@@ -136,6 +136,8 @@ def list_page(
             raise click.UsageError("with --queue/--task/--id-prefix/--text, page with --cursor, not --offset")
         try:
             page = Operations(session.store).find(filter, cursor=cursor, limit=limit, headers_only=True)
+        except UnicodeEncodeError:
+            raise  # a filter's text Redis cannot take, not the cursor: reports_errors says so
         except ValueError as error:
             raise click.BadParameter(str(error), param_hint="--cursor") from None
         infos, next_cursor = page.messages, page.cursor

@@ -10,7 +10,7 @@ import click
 from ..errors import DelayBrokerError
 from ..keys import DEFAULT_NAMESPACE
 from ..stop_flag import StopFlag
-from .common import LOG_LEVELS, open_session, prefix_option, reports_errors
+from .common import LOG_LEVELS, far_tier_options, open_session, prefix_option, reports_errors
 
 # -- promote / metrics --------------------------------------------------------------------------------------------
 
@@ -130,16 +130,19 @@ def promote(
     help="Redis holding the delay store, e.g. redis://localhost:6379/0.",
 )
 @prefix_option
+@far_tier_options
 @reports_errors
 def metrics_command(port: int, addr: str, print_once: bool, namespaces: Sequence[str], redis_url: str | None) -> None:
     """Serve Prometheus metrics read from the store at each scrape (parked, in flight, dead, overdue,
     oldest-overdue age, live promoters, counters), until interrupted. Useful where no promoter exposes
-    metrics, e.g. when promoters run inside Dramatiq or Celery workers.
+    metrics, e.g. when promoters run inside Dramatiq or Celery workers. With --far-tier, parked messages in
+    PostgreSQL are counted with those in Redis.
 
     \b
     Examples:
       delay-broker metrics --redis-url redis://localhost:6379/0 --port 9871
       delay-broker metrics -n billing -n mail --print
+      delay-broker metrics --far-tier postgresql://delay@db/app --port 9871
     """
     from ..metrics import StoreCollector, prometheus, start_metrics_server
 

@@ -25,7 +25,7 @@ from ..decoding import decode_payload
 from ..errors import DelayBrokerError, InvalidMessage, StoreError
 from ..operations import BulkResult, Ids, Operations
 from ..schedules import RuntimeSchedules, schedule_rows
-from ..store import DelayStore, MessageInfo
+from ..store import DelayStore, MessageInfo, check_id
 from . import csrf
 from .charts import bar_chart
 from .views import (
@@ -229,7 +229,8 @@ class _Dashboard:
         else:
             assert filter is not None
             confirmed = fields.get("count", "")
-            if not confirmed.isdigit() or not fields.get("digest"):
+            # isdigit() takes "²", which int() refuses: only ASCII digits, as the confirm page writes them.
+            if not (confirmed.isascii() and confirmed.isdecimal()) or not fields.get("digest"):
                 message = "This form does not say which messages were confirmed: nothing was done. Confirm again."
                 return self.render(request, "error.html", status=400, message=message, back=back)
             selected = await self.call(self.ops.select, filter)
@@ -296,6 +297,15 @@ def ids_from(fields: dict[str, str]) -> list[str] | None:
             ids = None
         if not isinstance(ids, list) or not ids or not all(isinstance(id, str) for id in ids):
             raise ValueError("ids must be a non-empty JSON list of message ids")
+        # Every id checked before any is acted on: one the store refuses must not stop an action half done.
+        for id in ids:
+            try:
+                check_id(id)
+                id.encode("utf-8")
+            except InvalidMessage as error:
+                raise ValueError(f"Nothing was done: {error}") from None
+            except UnicodeEncodeError:
+                raise ValueError(f"Nothing was done: message id {id!r} is not valid UTF-8 text") from None
         return ids
     if fields.get("scope") != "filter":
         raise ValueError("An action needs the messages it applies to: ids, or scope=filter with a filter.")
