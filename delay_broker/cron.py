@@ -31,7 +31,6 @@ from .clock import ms_to_datetime
 from .envelope import Envelope
 from .errors import ConfigurationError, DelayBrokerError, StoreUnavailable
 from .schedule_defs import (
-    CorruptSchedule,
     ScheduledCall,
     ScheduleDefinition,
     check_name,
@@ -226,7 +225,9 @@ class CronScheduler:
         for name, raw in stored.definitions.items():
             try:
                 definitions[name] = ScheduleDefinition.decode(name, raw)
-            except CorruptSchedule as error:
+            except Exception as error:
+                # One unreadable definition is that schedule's problem only: the others, and the promotion of
+                # every other message, go on.
                 self._report(name, error)
         active = {}
         for name in {*self.declared, *definitions}:
@@ -244,7 +245,11 @@ class CronScheduler:
                             "both",
                             "Schedule %r is declared in code and stored with a call of its own: the stored one runs.",
                         )
-                    build = self.builder(definition.call)
+                    try:
+                        build = self.builder(definition.call)
+                    except Exception as error:
+                        self._report(name, error)  # an adapter's builder refusing a call skips that schedule only
+                        continue
             active[name] = _Active(name, timing, build, paused, runs)
         self._active = active
         self._latest = {name: due for name, due in stored.records.items() if due is not None}

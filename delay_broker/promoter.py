@@ -174,6 +174,10 @@ class Promoter:
         """Shards this promoter dead-lettered something in since it last trimmed them."""
         self._trimmed_at = float("-inf")
         self._far_down = False
+        self._schedule_failures = 0
+        """Failures in a row of the recurring schedules' look, which backs off on its own."""
+        self._schedules_retry_at = 0.0
+        self._schedules_reported = False
         if isinstance(deliverer, DirectDeliverer):
             # A layout that cannot work (exactly-once on a Cluster, targets outside the slot) fails here, at
             # start-up, not in the loop (where it is checked again, should Redis be down now).
@@ -229,8 +233,7 @@ class Promoter:
         """One cycle: promote what is due, then sleep until the next due time (or back off after a fault)."""
         try:
             # Schedules first: an occurrence parked now and already due goes out in this same cycle.
-            if self.cron is not None:
-                self.cron.run_pending()
+            self._run_schedules()
             full, wait = self._promote_once()
             self._recovered()
         except StoreError as error:
@@ -248,7 +251,7 @@ class Promoter:
             return
         self.counters.cycles += 1
         if self.cron is not None:
-            wait = min(wait, self.cron.seconds_until_due())
+            wait = min(wait, max(self.cron.seconds_until_due(), self._schedules_retry_at - time.monotonic()))
         if full or wait <= 0 or self._stopping.is_set():
             return
         try:
@@ -258,6 +261,42 @@ class Promoter:
         except Exception:
             # The wake list can be refused too (a key of the wrong type, a missing permission): back off.
             self._unexpected("sleeping")
+
+    def _run_schedules(self) -> None:
+        """Keep the recurring schedules' next occurrences parked. Their failure (a stored definition or record
+        nobody foresaw, a bug) is theirs alone: logged, retried with a backoff of its own, and the messages
+        already parked are promoted meanwhile."""
+        if self.cron is None or time.monotonic() < self._schedules_retry_at:
+            return
+        try:
+            self.cron.run_pending()
+        except Exception as error:
+            self._schedule_failures += 1
+            ceiling = min(10.0, 0.05 * 2 ** min(self._schedule_failures, 10))
+            self._schedules_retry_at = time.monotonic() + random.uniform(ceiling / 2, ceiling)
+            if isinstance(error, StoreError):
+                # Redis itself: the promotion that follows meets it too, and reports and backs off from it.
+                logger.debug("Promoter %s: recurring schedules not looked at: %s", self.id, error)
+                return
+            self.counters.errors += 1
+            if self.listener:
+                self.listener.failed("configuration" if isinstance(error, ConfigurationError) else "internal")
+            # Once per run of failures: one that repeats at every backoff would flood the log.
+            if self._schedules_reported:
+                logger.debug("Promoter %s: recurring schedules failed again.", self.id, exc_info=True)
+            elif isinstance(error, DelayBrokerError):
+                logger.error(
+                    "Promoter %s: recurring schedules failed, retrying; promoting meanwhile: %s", self.id, error
+                )
+            else:
+                logger.exception("Promoter %s: recurring schedules failed, retrying; promoting meanwhile.", self.id)
+            self._schedules_reported = True
+            return
+        if self._schedules_reported:
+            logger.info("Promoter %s: recurring schedules run again.", self.id)
+        self._schedules_reported = False
+        self._schedule_failures = 0
+        self._schedules_retry_at = 0.0
 
     def _sleep(self, wait: float) -> None:
         """Sleep until something is due, waking at once when an earlier message is parked.

@@ -22,6 +22,10 @@ RUN_NOW = "\x1frun-now"
 """Suffix of the record of a schedule's run-now occurrences (a control character: no schedule name has one)."""
 MAX_RUNS = 20
 """Run-now requests kept per schedule; older ones that were never served are dropped."""
+MAX_NESTING = 100
+"""Deepest nesting of lists and objects in a call's arguments and options. ``json.loads`` recurses, and how deep
+it can go depends on the stack of the thread reading (a promoter's is deeper): a limit well below Python's keeps
+every stored call readable everywhere."""
 
 
 class CorruptSchedule(DelayBrokerError, ValueError):
@@ -92,6 +96,8 @@ class ScheduledCall:
         for reserved in ("eta", "countdown", "task_id", "delay", "message_id"):
             if reserved in (options or {}):
                 raise ConfigurationError(f"{reserved!r} is set by the schedule for each occurrence")
+        for label, given in (("args", args), ("kwargs", kwargs), ("options", options)):
+            _check_nesting(label, given)
         call = cls(task, tuple(args), dict(kwargs or {}), dict(options or {}))
         try:
             json.dumps(call.as_json())
@@ -154,6 +160,9 @@ class ScheduleDefinition:
                 raise ValueError("timing must be an object")
             if call is not None and not isinstance(call, dict):
                 raise ValueError("call must be an object")
+            updated_ms = document.get("updated_ms", 0)
+            if isinstance(updated_ms, bool) or not isinstance(updated_ms, int):
+                raise ValueError(f"updated_ms must be an integer, got {str(updated_ms)[:40]}")
             return cls(
                 name=name,
                 timing=None if timing is None else Timing.from_fields(**_fields(timing, Timing.FIELDS)),
@@ -162,10 +171,32 @@ class ScheduleDefinition:
                 else ScheduledCall.create(**_fields(call, ("task", "args", "kwargs", "options"))),
                 paused=paused,
                 runs=tuple(runs),
-                updated_ms=int(document.get("updated_ms", 0)),
+                updated_ms=updated_ms,
             )
-        except (ValueError, TypeError, ConfigurationError) as error:
-            raise CorruptSchedule(f"stored schedule {name!r} cannot be read: {error}") from None
+        except Exception as error:
+            # Whatever the stored text makes fail (a number too large, nesting too deep for json, a time zone
+            # the file system refuses ...), the definition is unreadable: skipped and reported, never fatal to
+            # the readers (every promoter of the namespace reads every definition).
+            problem = str(error) or type(error).__name__
+            hint = f"'delay-broker cron remove {name}' deletes it"
+            raise CorruptSchedule(f"stored schedule {name!r} cannot be read: {problem[:200]} ({hint})") from None
+
+
+def _check_nesting(label: str, value: object) -> None:
+    """Refuse ``value`` nested deeper than :data:`MAX_NESTING` (walked without recursion, so that a value too
+    deep for Python is refused too rather than failing here)."""
+    pending: list[tuple[object, int]] = [(value, 0)]
+    while pending:
+        item, depth = pending.pop()
+        if isinstance(item, Mapping):
+            children: Any = item.values()
+        elif isinstance(item, list | tuple):
+            children = item
+        else:
+            continue
+        if depth >= MAX_NESTING:
+            raise ConfigurationError(f"{label} are nested more than {MAX_NESTING} levels deep")
+        pending.extend((child, depth + 1) for child in children)
 
 
 def _fields(document: dict[str, Any], names: tuple[str, ...]) -> dict[str, Any]:

@@ -182,11 +182,17 @@ class RuntimeSchedules:
 
     def _set_paused(self, name: str, paused: bool) -> ScheduleDefinition:
         def make(current: ScheduleDefinition | None, now_ms: int) -> ScheduleDefinition:
-            return dataclasses.replace(current or ScheduleDefinition(name), paused=paused, updated_ms=now_ms)
+            base = current or ScheduleDefinition(name)
+            if base.paused == paused:
+                # Already so: nothing is written. A resume of a running schedule must not rewind its record
+                # below the occurrence parked (it would be parked again once it ran).
+                raise _Unchanged(base)
+            return dataclasses.replace(base, paused=paused, updated_ms=now_ms)
 
-        # Resuming rewinds the record to now: the next occurrence parked is the first after now.
+        # Resuming rewinds the record to now: the next occurrence parked is the first after now. A paused
+        # schedule has none parked; should one be there after all, it is cancelled, never left below the record.
         action = "keep" if paused else "rewind"
-        return _written(self._update(name, make, record_action=action, cancel_parked=paused, must_exist=True))
+        return _written(self._update(name, make, record_action=action, cancel_parked=True, must_exist=True))
 
     def run_now(self, name: str) -> str:
         """Send the schedule's message once now, besides its occurrences (paused or not). Returns the id the
@@ -210,7 +216,8 @@ class RuntimeSchedules:
             removed[:] = [current is not None]
             return None
 
-        self._update(name, make, record_action="drop", cancel_parked=True)
+        # An unreadable definition can still be removed: that is how an operator gets rid of it.
+        self._update(name, make, record_action="drop", cancel_parked=True, unreadable_ok=True)
         return removed[0]
 
     # -- plumbing ------------------------------------------------------------------------------------------------
@@ -232,12 +239,20 @@ class RuntimeSchedules:
         cancel_parked: bool,
         must_exist: bool = False,
         served: bool = False,
+        unreadable_ok: bool = False,
     ) -> ScheduleDefinition | None:
-        """Read, ``make`` the new definition, and write it if nothing moved in between; else read again."""
+        """Read, ``make`` the new definition, and write it if nothing moved in between; else read again.
+        ``make`` raising :class:`_Unchanged` writes nothing. With ``unreadable_ok``, an unreadable definition
+        is given to ``make`` as a bare one of its name (for ``remove``, which reads nothing in it)."""
         for _ in range(ATTEMPTS):
             stored = self.store.stored_schedules()
             raw = stored.definitions.get(name)
-            current = None if raw is None else ScheduleDefinition.decode(name, raw)
+            try:
+                current = None if raw is None else ScheduleDefinition.decode(name, raw)
+            except CorruptSchedule:
+                if not unreadable_ok:
+                    raise
+                current = ScheduleDefinition(name)
             if name in stored.records and stored.records[name] is None:
                 raise CorruptSchedule(
                     f"the record of schedule {name!r} is malformed: 'delay-broker cron forget {name}' clears it"
@@ -252,7 +267,10 @@ class RuntimeSchedules:
                 # Run-now requests already parked need not be kept.
                 done = stored.records.get(run_now_record(name)) or -1
                 current = dataclasses.replace(current, runs=tuple(r for r in current.runs if r > done))
-            definition = make(current, self.store.now_ms())
+            try:
+                definition = make(current, self.store.now_ms())
+            except _Unchanged as unchanged:
+                return unchanged.definition
             cancel = None
             if cancel_parked and record is not None:
                 cancel = occurrence_id(self.store.keys.namespace, name, record)
@@ -269,6 +287,14 @@ class RuntimeSchedules:
             if update.done:
                 return definition
         raise DelayBrokerError(f"schedule {name!r} kept changing under this change: try again")
+
+
+class _Unchanged(Exception):
+    """Raised by a ``make`` of :meth:`RuntimeSchedules._update` when the change is already made."""
+
+    def __init__(self, definition: ScheduleDefinition) -> None:
+        super().__init__(definition.name)
+        self.definition = definition
 
 
 def _written(definition: ScheduleDefinition | None) -> ScheduleDefinition:

@@ -1826,10 +1826,10 @@ def _stored_id(raw: bytes) -> str:
 
 
 def _int_or_none(value: bytes | str) -> int | None:
-    try:
-        return int(value)
-    except ValueError:
-        return None
+    # Digits only, as park.lua reads a schedule's record: int() would also take ' 12 ', '+12', '-5' or '1_000',
+    # which the script refuses, and the two would disagree on the latest occurrence.
+    raw = value.encode() if isinstance(value, str) else value
+    return int(raw) if raw.isdigit() and raw.isascii() else None
 
 
 def _push_wake(pipe: Any, key: str, token: str) -> None:

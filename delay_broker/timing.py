@@ -39,8 +39,14 @@ def zone_of(value: str | tzinfo) -> tzinfo:
         raise ConfigurationError(f"timezone must be an IANA name or a tzinfo, got {value!r}")
     try:
         return ZoneInfo(value)
-    except (ZoneInfoNotFoundError, ValueError) as error:
-        raise ConfigurationError(f"unknown time zone {value!r}") from error
+    except (ZoneInfoNotFoundError, ValueError, OSError) as error:
+        # ZoneInfo opens a file named after the zone: a directory ("America") or a name too long for the file
+        # system fails there, not in the name check. Shown shortened, as a stored name may be any length.
+        raise ConfigurationError(f"unknown time zone {_shortened(value)!r}") from error
+
+
+def _shortened(text: str, limit: int = 80) -> str:
+    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def instant_ms(label: str, value: datetime | None) -> int | None:

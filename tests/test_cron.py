@@ -43,6 +43,8 @@ def at(text: str) -> int:
         ("report", "61 * * * *", "UTC", "not a valid cron expression"),
         ("report", None, "UTC", "either cron= or every="),
         ("report", "0 9 * * *", "Mars/Olympus_Mons", "unknown time zone"),
+        ("report", "0 9 * * *", "America", "unknown time zone"),  # a directory of zones, no zone
+        ("report", "0 9 * * *", "a" * 300, "unknown time zone"),  # too long for a file name
         ("report", "0 9 * * *", None, "IANA name or a tzinfo"),
         ("report", "0 0 31 2 *", "UTC", "has no next occurrence"),
     ],
@@ -107,6 +109,18 @@ def test_a_malformed_schedule_record_is_reported_and_nothing_is_parked(store: De
     assert store.schedules() == {"report": None}
     assert store.forget_schedule("report") and store.schedules() == {}
     assert store.park_occurrence("report", "r1", payload_of("r1", due), due).outcome == "new"
+
+
+@pytest.mark.parametrize(
+    "record", ["1e400", "-1e400", "1e15", "0x10", "1.5", "nan", "inf", "-5", " 12 ", "+12", "1_000", "\u0663", ""]
+)
+def test_a_record_that_is_not_plain_digits_is_malformed_in_the_script_as_in_python(store, client, record: str):
+    client.hset(store.keys.cron, "report", record)
+    due = datetime.now(timezone.utc) + timedelta(hours=1)
+    with pytest.raises(DelayBrokerError, match="malformed record of schedule report"):
+        store.park_occurrence("report", "r1", payload_of("r1", due), due)
+    assert store.get("r1") is None and client.hget(store.keys.cron, "report") == record.encode()
+    assert store.schedules() == {"report": None}, "Python reads it as malformed too"
 
 
 @pytest.mark.parametrize("name", ["nightly-LOADING", "billing:OOM", "READONLY"])
@@ -265,3 +279,32 @@ def test_a_spoiled_cron_key_does_not_stop_the_promotion_of_other_messages(store,
         client.delete(store.keys.cron)
     assert promoter.counters.errors == 0
     assert any("WRONGTYPE" in record.getMessage() for record in caplog.records), "the schedule reports it"
+
+
+class FailingScheduler(CronScheduler):
+    """A scheduler whose every look fails as nothing foreseen would (a bug, a reply nobody expected)."""
+
+    looks = 0
+
+    def run_pending(self) -> int:
+        self.looks += 1
+        raise RecursionError("maximum recursion depth exceeded")
+
+
+def test_a_failing_scheduler_does_not_stop_the_promotion_and_backs_off(store, client, ready_key, caplog):
+    scheduler = FailingScheduler(store)
+    promoter = Promoter(store, DirectLists({"ready": ListTarget(ready_key)}), cron=scheduler, max_idle=1)
+    try:
+        with caplog.at_level(logging.ERROR, logger="delay_broker.promoter"):
+            promoter.start()
+            store.park("plain", Envelope(route="ready", payload=b"plain"), delay=0)
+            wait_for(lambda: client.lrange(ready_key, 0, -1) == [b"plain"], timeout=5)
+            store.park("later", Envelope(route="ready", payload=b"later"), delay=0.5)
+            wait_for(lambda: client.llen(ready_key) == 2, timeout=5)
+            time.sleep(1.0)
+    finally:
+        promoter.stop()
+    assert 2 <= scheduler.looks <= 25, f"retried with a backoff, not at every turn ({scheduler.looks} looks)"
+    assert promoter.counters.errors == scheduler.looks
+    failures = [record for record in caplog.records if "recurring schedules failed" in record.getMessage()]
+    assert len(failures) == 1, "logged once per run of failures"

@@ -429,3 +429,159 @@ def test_an_unreadable_definition_is_reported_and_the_others_still_run(store, cl
 def test_a_promoter_without_a_builder_leaves_stored_calls_to_those_that_have_one(store):
     RuntimeSchedules(store).add("elsewhere", "t", every=60)
     assert CronScheduler(store).run_pending() == 0 and store.stats().parked == 0
+
+
+# -- unreadable definitions ----------------------------------------------------------------------------------------
+
+SPOILED = {
+    "updated_ms too large": b'{"format": 1, "updated_ms": 1e999}',
+    "nested too deep for json": b'{"format": 1, "call": {"task": "t", "args": ' + b"[" * 5000 + b"]" * 5000 + b"}}",
+    "a zone that is a directory": b'{"format": 1, "timing": {"cron": "0 * * * *", "timezone": "America"}}',
+    "a zone name too long for a file": b'{"format": 1, "timing": {"cron": "0 * * * *", "timezone": "'
+    + b"a" * 300
+    + b'"}}',
+}
+
+
+@pytest.mark.parametrize("raw", SPOILED.values(), ids=SPOILED.keys())
+def test_a_definition_that_fails_to_decode_in_any_way_is_corrupt_not_a_crash(raw: bytes):
+    with pytest.raises(CorruptSchedule, match=r"stored schedule 'report' cannot be read: .*cron remove report"):
+        ScheduleDefinition.decode("report", raw)
+
+
+def nested(depth: int) -> list:
+    value: list = []
+    for _ in range(depth - 1):
+        value = [value]
+    return value
+
+
+def test_arguments_nested_deeper_than_any_reader_can_read_are_refused_when_added(store: DelayStore):
+    schedules = RuntimeSchedules(store)
+    for depth in (101, 988, 5000):
+        with pytest.raises(ConfigurationError, match="nested more than 100 levels"):
+            schedules.add("deep", "t", every=60, args=[nested(depth - 1)])
+    with pytest.raises(ConfigurationError, match="kwargs are nested"):
+        schedules.add("deep", "t", every=60, kwargs={"a": nested(100)})
+    cyclic: list = []
+    cyclic.append(cyclic)
+    with pytest.raises(ConfigurationError, match="nested more than"):
+        schedules.add("deep", "t", every=60, args=cyclic)
+    assert store.stored_schedules().definitions == {}
+    fits = schedules.add("deep", "t", every=60, args=[nested(99)])
+    assert schedules.get("deep") == fits
+
+
+def test_an_unreadable_definition_stops_neither_the_other_schedules_nor_the_promotion(store, client, ready_key):
+    RuntimeSchedules(store).add("good", "good_task", every=1)
+    client.hset(store.keys.schedules, "bad", SPOILED["updated_ms too large"])
+    client.incr(store.keys.schedules_rev)
+    running = promoters(store, ready_key, 2)
+    try:
+        store.park("plain", Envelope(route="ready", payload=b'{"task": "plain"}'), delay=0)
+        wait_for(lambda: {run["task"] for run in runs(client, ready_key)} == {"plain", "good_task"}, timeout=10)
+    finally:
+        stop(running)
+    assert all(promoter.counters.errors == 0 for promoter in running)
+
+
+def test_an_unreadable_definition_is_listed_with_its_problem_and_can_be_removed(store, client, redis_server, namespace):
+    from click.testing import CliRunner
+
+    from delay_broker.cli import cli
+    from delay_broker.schedules import schedule_rows
+
+    client.hset(store.keys.schedules, "spoiled", SPOILED["updated_ms too large"])
+    schedules = RuntimeSchedules(store)
+    assert schedules.all() == {}
+    [row] = schedule_rows(store)
+    assert row["name"] == "spoiled" and "cannot be read" in row["problem"]
+    with pytest.raises(CorruptSchedule, match="'delay-broker cron remove spoiled' deletes it"):
+        schedules.pause("spoiled")
+
+    runner = CliRunner()
+    env = {"DELAY_BROKER_REDIS_URL": redis_server.url, "DELAY_BROKER_NAMESPACE": namespace}
+
+    def run(*args: str):
+        return runner.invoke(cli, ["cron", *args], env=env, catch_exceptions=False)
+
+    listed = run("ls")
+    assert listed.exit_code == 0 and "spoiled" in listed.output and "cannot be read" in listed.output
+    paused = run("pause", "spoiled")
+    assert paused.exit_code == 1 and "cron remove spoiled" in paused.output
+    assert len(paused.output.strip().splitlines()) == 1, "one line, no traceback"
+    removed = run("remove", "spoiled", "--yes")
+    assert removed.exit_code == 0 and "Removed schedule 'spoiled'" in removed.output
+    assert store.stored_schedules().definitions == {}
+
+
+# -- resume, and the record under a parked occurrence ----------------------------------------------------------------
+
+
+def test_resuming_a_schedule_that_is_not_paused_changes_nothing(store: DelayStore):
+    schedules = RuntimeSchedules(store)
+    schedules.add("report", "send_report", every=60)
+    assert CronScheduler(store, builder=builder).run_pending() == 1
+    parked, revision = store.schedules()["report"], store.schedules_revision()
+    assert parked is not None
+    resumed = schedules.resume("report")
+    assert not resumed.paused and resumed == schedules.get("report")
+    assert store.schedules()["report"] == parked, "the record still names the parked occurrence"
+    assert store.schedules_revision() == revision, "nothing was written"
+    assert store.get(occurrence_id(store.keys.namespace, "report", parked)).state == "due"
+
+
+def test_a_rewind_leaves_the_record_at_an_occurrence_still_parked(store: DelayStore):
+    RuntimeSchedules(store).add("report", "send_report", every=60)
+    assert CronScheduler(store, builder=builder).run_pending() == 1
+    parked = store.schedules()["report"]
+    assert parked is not None and parked > store.now_ms()
+    id = occurrence_id(store.keys.namespace, "report", parked)
+    raw = store.stored_schedules().definitions["report"]
+
+    def rewind(cancel: str | None) -> bool:
+        update = store.update_schedule(
+            "report", raw, revision=None, record=parked, record_action="rewind", cancel=cancel
+        )
+        assert update.done
+        return update.cancelled
+
+    # Not cancelled: a record rewound below it would let a scheduler park it again once it ran.
+    assert not rewind(None) and store.schedules()["report"] == parked
+    assert store.get(id).state == "due"
+    # Cancelled: the schedule starts again from now.
+    assert rewind(id) and store.schedules()["report"] < parked and store.get(id) is None
+
+
+def test_an_occurrence_runs_once_after_a_resume_of_a_schedule_that_was_not_paused(store, client, ready_key):
+    schedules = RuntimeSchedules(store)
+    schedules.add("report", "send_report", every=2)
+    assert CronScheduler(store, builder=builder).run_pending() == 1
+    due = store.schedules()["report"]
+    assert due is not None
+    schedules.resume("report")
+    id = occurrence_id(store.keys.namespace, "report", due)
+    deliverer = DirectLists({"ready": ListTarget(ready_key, mode="rpush")})
+    plain = Promoter(store, deliverer, max_idle=0.2).start()  # promotes, runs no schedule
+    try:
+        wait_for(lambda: any(run["id"] == id for run in runs(client, ready_key)), timeout=10)
+        # A scheduler that reads the schedules now offers the next occurrence after the record.
+        CronScheduler(store, builder=builder).run_pending()
+        time.sleep(0.5)
+    finally:
+        plain.stop()
+    assert [run["id"] for run in runs(client, ready_key)].count(id) == 1
+
+
+def test_a_builder_refusing_one_stored_call_skips_that_schedule_only(store: DelayStore, caplog):
+    def picky(call: ScheduledCall):
+        if call.task == "unknown_actor":
+            raise LookupError(f"no actor named {call.task!r}")
+        return builder(call)
+
+    schedules = RuntimeSchedules(store)
+    schedules.add("good", "good_task", every=60)
+    schedules.add("odd", "unknown_actor", every=60)
+    with caplog.at_level(logging.ERROR, logger="delay_broker.cron"):
+        assert CronScheduler(store, builder=picky).run_pending() == 1, "good's occurrence, parked"
+    assert any("'odd'" in record.getMessage() for record in caplog.records)

@@ -233,7 +233,8 @@ def cron_remove(name: str, yes: bool, redis_url: str | None, namespace: str, as_
     goes back to its code's timing."""
     session = open_session(redis_url, namespace, as_json)
     schedules = RuntimeSchedules(session.store)
-    if schedules.get(name) is None:
+    # Whether one is stored, not whether it can be read: removing is how an unreadable one is got rid of.
+    if name not in session.store.stored_schedules().definitions:
         raise click.ClickException(f"no stored schedule {printable(name)!r} in namespace {namespace!r}")
     confirm(f"remove schedule {printable(name)!r}", f"Remove schedule {printable(name)!r}?", yes)
     schedules.remove(name)

@@ -12,7 +12,10 @@
 -- ARGV[3] expected revision: what the caller read SCHEDULES at ('' skips the check)
 -- ARGV[4] expected record: the CRON value the caller read ('' when there was none)
 -- ARGV[5] record: 'keep'; 'rewind' (the latest occurrence becomes now: the next one parked is the first after
---         now, and none before now is caught up); 'drop' (delete it, and the record named by ARGV[7])
+--         now, and none before now is caught up); 'drop' (delete it, and the record named by ARGV[7]). A rewind
+--         leaves a record that is later than now when the occurrence it names may still be parked: not cancelled
+--         here, and ARGV[6] is '' or names a message still held (a record below a parked occurrence would let a
+--         scheduler park it again once it ran)
 -- ARGV[6] id of the schedule's latest occurrence, cancelled if it is still parked and not yet due ('' none)
 -- ARGV[7] name of a second record deleted with 'drop' ('' none)
 -- ARGV[8] name of the record that keeps when the record was rewound: set to now by 'rewind', deleted by 'drop'
@@ -57,7 +60,9 @@ if ARGV[2] == '' then
 else
     redis.call('HSET', SCHEDULES, name, ARGV[2])
 end
-if ARGV[5] == 'rewind' then
+local latest = string.match(record, '^%d+$') and tonumber(record)
+local held = latest and latest > now and cancelled == 0 and (id == '' or redis.call('HEXISTS', MSG, id) == 1)
+if ARGV[5] == 'rewind' and not held then
     redis.call('HSET', CRON, name, now)
     if ARGV[8] ~= '' then
         redis.call('HSET', CRON, ARGV[8], now)
