@@ -221,6 +221,18 @@ def test_ls_lists_parked_messages_by_due_time_with_framework_queue_name_attempts
     assert "\x1b" not in result.output
 
 
+def test_ls_pages_by_cursor_so_that_promotions_meanwhile_skip_nothing(run, store):
+    for n in range(6):
+        store.park(f"m{n}", dramatiq_envelope("send_email", f"m{n}"), delay=60 + n)
+    first = as_json(run("ls", "--json", "--limit", "2"))
+    assert [m["id"] for m in first["messages"]] == ["m0", "m1"] and first["next_cursor"]
+    assert store.cancel_each(["m0", "m1"]) == [True, True]  # as if promoted: the head moves on
+    second = as_json(run("ls", "--json", "--limit", "2", "--cursor", first["next_cursor"]))
+    assert [m["id"] for m in second["messages"]] == ["m2", "m3"], "an offset of 2 would have skipped them"
+    footer = run("ls", "--limit", "2").output
+    assert "next page: --cursor " in footer
+
+
 def test_ls_json_pages_and_filters_by_due_range(run, populated):
     first = as_json(run("ls", "--json", "--limit", "2"))
     assert [m["id"] for m in first["messages"]] == ["dq-overdue", "dq-soon"]

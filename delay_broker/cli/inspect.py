@@ -129,8 +129,11 @@ def list_page(
     start_ms, end_ms = filter.start_ms, filter.end_ms
     # Queue, task, id and text filters go through the operations layer; a time window alone is a plain range.
     filtered = any((filters.queue, filters.task, filters.id_prefix, filters.text, cursor))
+    # By cursor unless an offset is asked for: an offset counts from the head, which promotions move meanwhile,
+    # so the next page by offset skips messages (a cursor holds the position of the last one shown).
+    by_cursor = filtered or not offset
     next_cursor: str | None = None
-    if filtered:
+    if by_cursor:
         # The operations layer: a bounded scan, page after page by cursor (an offset would rescan).
         if offset:
             raise click.UsageError("with --queue/--task/--id-prefix/--text, page with --cursor, not --offset")
@@ -158,8 +161,10 @@ def list_page(
             "next_offset": offset + len(infos) if more and not filtered else None,
             "messages": [message_record(info) for info in infos],
         }
+        if by_cursor:
+            record.update(next_cursor=next_cursor)
         if filtered:
-            record.update(filter=describe_filter(filter), next_cursor=next_cursor)
+            record.update(filter=describe_filter(filter))
         emit_json(record)
         return
     time_column = TIME_COLUMN[state]
@@ -198,13 +203,13 @@ def list_page(
             console.print(f"(offset {offset}: past the last page?)")
         return
     console.print(table)
-    shown = f"Showing {offset + 1}-{offset + len(infos)}"
-    if filtered:
-        shown = f"Showing {len(infos)} matching {describe_filter(filter)}"
+    shown = f"Showing {len(infos)} matching {describe_filter(filter)}" if filtered else f"Showing {len(infos)}"
+    if not by_cursor:
+        shown = f"Showing {offset + 1}-{offset + len(infos)}"
         if more:
-            shown += f"; next page: --cursor {next_cursor}"
+            shown += f"; next page: --offset {offset + len(infos)}"
     elif more:
-        shown += f"; next page: --offset {offset + len(infos)}"
+        shown += f"; next page: --cursor {next_cursor}"
     # Text, not markup: the filter's values are the user's, and may hold rich's brackets.
     console.print(Text(shown + ". Details of one: delay-broker " + ("dead show ID" if state == "dead" else "show ID")))
 
