@@ -364,18 +364,21 @@ class DelayStore:
         with self._redis(name):
             if write and replicas:
                 return self._run_replicated(name, space, keys, args, replicas)
-            if self.cluster:
-                return self._run_on_cluster(name, keys, args)
-            return self._scripts[name](keys=keys, args=args)
+            return self._evalsha(name, keys, args)
 
-    def _run_on_cluster(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
-        """A script on a Cluster, loaded on the shard's own node when that node lacks it: redis-py's fallback
-        loads it on every primary, which fails while any one is down and so held up the healthy shards."""
-        script = self._scripts[name]
+    def _evalsha(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        """Script ``name`` by its hash, sent whole (and so loaded) where the server lacks it. Not through redis-py's
+        ``Script``: on a Cluster its fallback loads the script on every primary, which fails while any one is
+        down and so held up the healthy shards; and its call adds client time to every park (an import and copies
+        of the arguments each time)."""
+        sha = self._scripts[name].sha
         try:
-            return self.client.evalsha(script.sha, len(keys), *keys, *args)
+            return self.client.evalsha(sha, len(keys), *keys, *args)
         except redis.exceptions.NoScriptError:
-            return self.client.eval(scripts.source(name), len(keys), *keys, *args)
+            if self.cluster:  # sent whole, it is loaded on the node of its keys only
+                return self.client.eval(scripts.source(name), len(keys), *keys, *args)
+            self.client.script_load(scripts.source(name))  # not EVAL: the least ACL allows only EVALSHA
+            return self.client.evalsha(sha, len(keys), *keys, *args)
 
     def _shard_client(self, space: Keyspace) -> redis.Redis:
         """A client of the one server holding a shard: ``WAIT`` must follow the write on its connection."""
