@@ -472,6 +472,18 @@ def test_arguments_nested_deeper_than_any_reader_can_read_are_refused_when_added
     assert schedules.get("deep") == fits
 
 
+def test_a_definition_an_earlier_release_stored_deeper_than_the_limit_still_reads(store: DelayStore, client):
+    """The limit guards new definitions; one stored before it (150 levels, which JSON reads) keeps running."""
+    schedules = RuntimeSchedules(store)
+    schedules.add("deep", "t", every=60, args=[nested(50)])
+    raw = client.hget(store.keys.schedules, "deep")
+    deeper = raw.replace(b"[" * 51, b"[" * 151).replace(b"]" * 51, b"]" * 151)
+    client.hset(store.keys.schedules, "deep", deeper)
+    client.incr(store.keys.schedules_rev)
+    definition = schedules.get("deep")
+    assert definition is not None and definition.call is not None
+
+
 def test_an_unreadable_definition_stops_neither_the_other_schedules_nor_the_promotion(store, client, ready_key):
     RuntimeSchedules(store).add("good", "good_task", every=1)
     client.hset(store.keys.schedules, "bad", SPOILED["updated_ms too large"])
