@@ -22,6 +22,8 @@ from delay_broker.celery import TRANSPORT_REDIS, build_promoter, cancel, install
 from delay_broker.celery.messages import parse_celery_time
 from delay_broker.embedded import EmbeddedRedis
 
+from .helpers import celery_envelope
+
 
 def make_app(server: EmbeddedRedis, unique: str, tz: str | None = None, **options: Any) -> Celery:
     app = Celery(f"t{unique}", broker=server.url, set_as_current=False)
@@ -425,3 +427,32 @@ def test_a_task_sent_from_a_running_task_is_not_left_in_the_store_when_no_replic
         assert store.get("retried") is None, "the unconfirmed copy was taken back"
     finally:
         store.client.delete(*store.keys.all())
+
+
+def test_a_reschedule_that_meets_a_retry_parked_meanwhile_moves_the_retry(store: DelayStore) -> None:
+    """A retry parks its task id again between the reschedule's read and its write: the write is refused (it
+    would put the old body over the new), and the reschedule reads again and moves the retry."""
+    from delay_broker.celery.messages import reschedule_parked
+
+    store.park("task", celery_envelope("tasks.add", "task"), delay=60)
+    read = store.get
+    raced: list[bool] = []
+
+    def get_then_retry(id: str) -> Any:
+        info = read(id)
+        if not raced:
+            raced.append(True)
+            store.park("task", celery_envelope("tasks.retried", "task"), delay=90)
+        return info
+
+    store.get = get_then_retry  # type: ignore[method-assign]
+    try:
+        due = (datetime.now(timezone.utc) + timedelta(hours=2)).replace(microsecond=0)
+        moved = reschedule_parked(store, "task", due)
+    finally:
+        del store.get
+    assert moved == int(due.timestamp() * 1000), "still parked: moved, not reported gone"
+    info = store.get("task")
+    assert info is not None and info.envelope is not None
+    headers = json.loads(info.envelope.payload)["headers"]
+    assert headers["task"] == "tasks.retried" and maybe_iso8601(headers["eta"]) == due, "the retry, moved"

@@ -21,6 +21,7 @@ from kombu.serialization import loads as _kombu_loads
 from kombu.utils import json as _kombu_json
 
 from ..envelope import Envelope
+from ..errors import DelayBrokerError
 from ..store import DelayStore
 
 # kombu's JSON codec (it round-trips datetimes, UUIDs and decimals with type tags; never pickle).
@@ -212,11 +213,19 @@ def with_eta(envelope: Envelope, due: datetime) -> Envelope:
     return dataclasses.replace(envelope, payload=dumps(record).encode("utf-8"))
 
 
+REWRITE_ATTEMPTS = 5
+
+
 def reschedule_parked(store: DelayStore, task_id: str, due: datetime) -> int | None:
     """Move a parked Celery task to ``due``, its eta header with it, in one step. Returns the new due time
     in ms, or None if the task is not parked."""
-    info = store.get(task_id)
-    if info is None or info.state != "due" or info.envelope is None:
-        return None
-    # Only over the message read: a retry parked again under the task id meanwhile must not get the old body.
-    return store.reschedule(task_id, due=due, envelope=with_eta(info.envelope, due), expected=info)
+    for _ in range(REWRITE_ATTEMPTS):
+        info = store.get(task_id)
+        if info is None or info.state != "due" or info.envelope is None:
+            return None
+        # Only over the message read: a retry parked again under the task id meanwhile must not get the old
+        # body. It is read again and moved in its turn.
+        moved = store.reschedule(task_id, due=due, envelope=with_eta(info.envelope, due), expected=info)
+        if moved is not None:
+            return moved
+    raise DelayBrokerError(f"task {task_id!r} kept being parked again while it was rescheduled: try again")

@@ -115,9 +115,7 @@ def page_options(func: F) -> F:
     func = click.option(
         "--offset", type=click.IntRange(min=0), default=0, show_default=True, help="Skip this many (next page)."
     )(func)
-    func = click.option("--cursor", metavar="CURSOR", help="Next page of a filtered listing (printed with each page).")(
-        func
-    )
+    func = click.option("--cursor", metavar="CURSOR", help="Next page of a listing (printed with each page).")(func)
     return func
 
 
