@@ -201,7 +201,9 @@ class DelayStore:
         self._layout_unrecordable = False
         self._warned_replication_unknown = False
         self._far_held_back: dict[str, float] = {}
-        self._far_shards_down: set[int] = set()
+        self._far_shards_down: dict[int, float] = {}
+        """Shards whose master lately failed to take far rows, with the end of their pause (monotonic)."""
+        self._replica_counts: dict[int, tuple[float, int]] = {}
         self._layout_looked_at = float("-inf")
         self._scripts = {name: client.register_script(scripts.source(name)) for name in scripts.NAMES}
         if isinstance(far_tier, str):
@@ -1072,11 +1074,20 @@ class DelayStore:
 
     def _adopt(self, rows: list[FarRow], deadline_ms: int, *, partial: bool = False) -> list[FarRow]:
         """Park far rows into their shards; returns the rows adopted. With ``partial``, a shard whose master
-        cannot take them now (down, or no replica confirming) is left out, its rows left in the table and held
-        back for a while, so that the other shards' rows move; it raises only when no shard took its rows."""
+        cannot take them now (down, hung, or no replica confirming) is left out, its rows left in the table and
+        held back for a while, so that the other shards' rows move; it raises only when no shard took its rows.
+        A shard that failed lately is not tried again until its pause ends, and shards are not begun past half
+        the lease: a hung master costs socket timeouts, which must not run the whole batch out of its lease."""
         adopted: list[FarRow] = []
-        failed: list[tuple[int, list[FarRow], StoreUnavailable]] = []
-        for shard, group in self._rows_by_shard(rows).items():
+        failed: list[tuple[int, list[FarRow], StoreUnavailable | None]] = []
+        started, budget = time.monotonic(), (self.far_tier.lease_ms if self.far_tier else 0) / 2000
+        groups = sorted(self._rows_by_shard(rows).items(), key=lambda item: item[0] in self._far_shards_down)
+        for shard, group in groups:
+            if partial and (self._far_shards_down.get(shard, 0.0) > time.monotonic()):
+                failed.append((shard, group, None))  # paused: held back again, untried
+                continue
+            if partial and time.monotonic() - started > budget:
+                break  # not tried: taken first by the next sweep
             chunk = [(row.id, "a", row.due_ms, row.record) for row in group]
             tokens = [row.token for row in group]
             try:
@@ -1088,14 +1099,14 @@ class DelayStore:
                 failed.append((shard, group, error))
                 continue
             adopted.extend(group)
-            if shard in self._far_shards_down:
-                self._far_shards_down.discard(shard)
+            if self._far_shards_down.pop(shard, None) is not None:
                 logger.info("Store %r: far rows move into shard %d again.", self.keys.namespace, shard)
         pause = time.monotonic() + max(FAR_HOLD_BACK_SECONDS, self.far_tier.sweep_interval if self.far_tier else 0)
         for shard, group, refusal in failed:
             self._far_held_back.update((row.id, pause) for row in group)
+            if refusal is None:
+                continue
             if shard not in self._far_shards_down:
-                self._far_shards_down.add(shard)
                 logger.warning(
                     "Store %r: far rows for shard %d stay in PostgreSQL until it takes them (%s); the other shards' "
                     "move on.",
@@ -1103,33 +1114,48 @@ class DelayStore:
                     shard,
                     refusal,
                 )
-        if failed and not adopted:
-            raise failed[0][2]  # nothing moved: the sweeper backs off, and passes over these rows next time
+            self._far_shards_down[shard] = pause
+        refusals = [refusal for _, _, refusal in failed if refusal is not None]
+        if refusals and not adopted:
+            raise refusals[0]  # nothing moved: the sweeper backs off, and passes over these rows next time
         return adopted
 
     def _adoption_replicas(self, shard: int) -> int:
         """Replicas that must confirm far rows moved into ``shard`` before the rows are deleted: the store's, or
-        with none asked for, one if the shard's master has any. Those messages were safe in PostgreSQL, often
-        for weeks: a failover right after the move must not lose them, as it may lose a fresh park (which its
-        producer saw only just acknowledged). Not confirmed, the move is rolled back and made again later."""
+        with none asked for, one if the shard's master has any (looked up at most once a second). Those messages
+        were safe in PostgreSQL, often for weeks: a failover right after the move must not lose them, as it may
+        lose a fresh park (which its producer saw only just acknowledged). Unconfirmed, the move is rolled back
+        and made again later."""
         if self.replicas:
             return self.replicas
+        known = self._replica_counts.get(shard)
+        if known is not None and known[0] > time.monotonic():
+            return known[1]
+
+        def look(client: redis.Redis) -> int:
+            pipe = client.pipeline(transaction=False)
+            pipe.wait(0, 0)  # answers at once; refused under an ACL without +wait, which the move would need
+            pipe.info("replication")
+            return 1 if int(pipe.execute()[1].get("connected_slaves", 0)) > 0 else 0
+
         try:
             with self._redis("reading the replication state"):
-                info = self._on_shard_master(self.shards[shard], lambda client: client.info("replication"))
+                replicas = int(self._on_shard_master(self.shards[shard], look))
         except DelayBrokerError as error:
             if not isinstance(error.__cause__, redis.exceptions.NoPermissionError):
                 raise
             if not self._warned_replication_unknown:
                 self._warned_replication_unknown = True
                 logger.warning(
-                    "Store %r: cannot read the master's replication state (%s); far rows moved into Redis are not "
-                    "confirmed by a replica before they are deleted. Allow +info and +wait, or set replicas=1.",
+                    "Store %r: cannot read the master's replication state or wait for it (%s); far rows moved into "
+                    "Redis are not confirmed by a replica before they are deleted. Allow +info and +wait, or set "
+                    "replicas=1.",
                     self.keys.namespace,
                     error,
                 )
-            return 0
-        return 1 if int(info.get("connected_slaves", 0)) > 0 else 0
+            replicas = 0
+        self._replica_counts[shard] = (time.monotonic() + 1.0, replicas)
+        return replicas
 
     def _forget_moved(self, rows: list[FarRow]) -> None:
         for shard, group in self._rows_by_shard(rows).items():
