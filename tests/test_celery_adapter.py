@@ -456,3 +456,24 @@ def test_a_reschedule_that_meets_a_retry_parked_meanwhile_moves_the_retry(store:
     assert info is not None and info.envelope is not None
     headers = json.loads(info.envelope.payload)["headers"]
     assert headers["task"] == "tasks.retried" and maybe_iso8601(headers["eta"]) == due, "the retry, moved"
+
+
+def test_a_retry_of_a_task_revoked_while_it_ran_is_discarded_not_parked(store: DelayStore) -> None:
+    """Plain Celery publishes the retry and a worker discards it on delivery, from its memory of the revoke. A
+    parked retry would come due after that memory is gone (a worker restart) and run: it is discarded here."""
+    from celery.worker import state
+
+    from delay_broker.celery.messages import TaskInfo
+    from delay_broker.celery.parking import Parker
+
+    due = datetime.now(timezone.utc) + timedelta(hours=1)
+    parker = Parker(store, threshold=1.0)
+    state.revoked.add("revoked-task")
+    try:
+        info = TaskInfo("revoked-task", "tasks.add", due, None, retries=1)
+        assert parker.park(info, due, "celery", b"retry", {}) is True
+        assert store.get("revoked-task") is None
+    finally:
+        state.revoked.discard("revoked-task")
+    assert parker.park(TaskInfo("other", "tasks.add", due, None), due, "celery", b"kept", {}) is True
+    assert store.get("other") is not None

@@ -81,6 +81,11 @@ class Parker:
             self.routes.record(route)
             captured.append(envelope)
             return True
+        if self.revoke and revoked_here(info.id):
+            # Revoked while it ran, and now retried: a worker would discard it on delivery, but its memory of the
+            # revoke may be gone by the time a parked retry is due (a restart). Discarded here, as it would be.
+            logger.info("delay_broker: discarding %s[%s], revoked: not parked", info.name, info.id)
+            return True
         try:
             self.routes.record(route)
             parked = self.store.park(info.id, envelope, due=due)
@@ -131,3 +136,11 @@ class Parker:
         if cancelled:
             logger.info("delay_broker: revoke cancelled %d parked task(s) of %s", cancelled, ids)
         return cancelled
+
+
+def revoked_here(task_id: str) -> bool:
+    """Whether this process is a worker that knows ``task_id`` is revoked (its revoke list, which only workers
+    keep: a producer elsewhere knows nothing of it)."""
+    from celery.worker import state  # only workers fill it; importing it costs nothing more
+
+    return task_id in state.revoked
