@@ -5,7 +5,10 @@ from __future__ import annotations
 
 import functools
 import json
+import os
 import random
+import signal
+import subprocess
 import threading
 import time
 import uuid
@@ -291,6 +294,56 @@ def test_cancel_of_an_id_whose_row_is_retired_and_whose_message_ran_reports_noth
     assert store.cancel("ran") is False
     assert store.stats().counters.get("cancelled") == counted
     assert store.stats().far == 0, "the retired row is gone too"
+
+
+def frozen(server: PostgresServer) -> list[int]:
+    """The postmaster and its backends, to SIGSTOP: a server that stops answering on open connections."""
+    postmaster = int((server.data / "postmaster.pid").read_text().split()[0])
+    children = subprocess.run(["pgrep", "-P", str(postmaster)], capture_output=True, text=True).stdout.split()
+    return [postmaster, *map(int, children)]
+
+
+def test_a_postgresql_that_stops_answering_fails_a_park_after_the_timeout_instead_of_holding_it(
+    redis_server: EmbeddedRedis, own_postgres: PostgresServer, unique: str
+) -> None:
+    """A server that hangs (not down: its kernel still answers TCP) held a far park for as long as it hung: a
+    producer's send, or a worker's retry. The far tier's timeout breaks the connection, and the park fails
+    clearly; a later one, once the server answers again, goes through."""
+    client = redis_server.client()
+    tier = FarTier(own_postgres.url, horizon=HORIZON, sweep_interval=0.2, timeout=2.0)
+    store = DelayStore(client, namespace=f"pgfrozen-{unique}", far_tier=tier)
+    frozen_now, outcome = threading.Event(), list[object]()
+
+    def producer() -> None:  # its connection (one per thread) is open when the server stops answering
+        store.park("before", Envelope("ready", b"before"), delay=3600)
+        frozen_now.wait(30)
+        outcome.append(_raised(lambda: store.park("far", Envelope("ready", b"far"), delay=3600)))
+
+    parker = threading.Thread(target=producer, daemon=True)
+    parker.start()
+    wait_for(lambda: store.stats().far == 1, 10, "the first park")
+    processes = frozen(own_postgres)
+    try:
+        for pid in processes:
+            os.kill(pid, signal.SIGSTOP)
+        frozen_now.set()
+        parker.join(30)
+        assert not parker.is_alive(), "the park still waits on the frozen server"
+        assert isinstance(outcome[0], FarTierUnavailable), outcome
+    finally:
+        for pid in processes:
+            os.kill(pid, signal.SIGCONT)
+    assert redis_holds(client, store) == (0, 0), "nothing written for the failed park"
+    assert store.park("far", Envelope("ready", b"far"), delay=3600).outcome == "new"
+    assert store.stats().far == 2
+    client.delete(*client.scan_iter(match=store.keys.pattern))
+
+
+def _raised(call: Any) -> object:
+    try:
+        return call()
+    except Exception as error:
+        return error
 
 
 def test_postgresql_down_refuses_far_parks_clearly_and_promotion_goes_on(

@@ -63,6 +63,9 @@ class FarTier:
       lease: seconds a mover may hold rows (idle in its transaction) before PostgreSQL releases them and Redis
         refuses its move.
       table: the table's name (one table holds every namespace of the database).
+      timeout: seconds a PostgreSQL call may take before its connection is broken and the call fails with
+        :class:`~delay_broker.errors.FarTierUnavailable` (a server that stops answering would hold a park, a
+        retry or a sweep for ever).
     """
 
     url: str
@@ -71,6 +74,7 @@ class FarTier:
     batch: int = 500
     lease: float = 30.0
     table: str = "delay_broker_far"
+    timeout: float = 30.0
     horizon_ms: int = field(init=False)
     lease_ms: int = field(init=False)
 
@@ -79,6 +83,8 @@ class FarTier:
         object.__setattr__(self, "lease_ms", delay_to_ms(self.lease))
         if self.horizon_ms <= 0 or not self.sweep_interval > 0 or self.lease_ms < 1000:
             raise ConfigurationError("far tier: horizon and sweep_interval must be positive, lease at least 1 s")
+        if not self.timeout > 0:
+            raise ConfigurationError(f"far tier: timeout must be positive, got {self.timeout!r}")
         if not 1 <= self.batch <= 1000:
             raise ConfigurationError(f"far tier: batch must be 1..1000, got {self.batch}")
         if self.horizon_ms <= self.sweep_interval * 1000:
@@ -98,4 +104,4 @@ class FarTier:
             raise ConfigurationError(
                 f"the far tier needs psycopg: pip install 'delay_broker[postgres]' ({error})"
             ) from None
-        return FarTable(self.url, namespace, self.table)
+        return FarTable(self.url, namespace, self.table, call_timeout=self.timeout)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import re
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import ExitStack, contextmanager, suppress
+from contextlib import AbstractContextManager, ExitStack, contextmanager, suppress
 from importlib import resources
 from typing import Any, TypeVar
 
@@ -17,6 +17,7 @@ import psycopg
 
 from ..errors import ConfigurationError, FarTierUnavailable, InvalidMessage
 from . import FarRow
+from .watchdog import WATCHDOG
 
 T = TypeVar("T")
 IDENTIFIER = re.compile(r"^[a-z_][a-z0-9_]{0,40}$")
@@ -31,13 +32,21 @@ def storable(ids: Sequence[str]) -> list[str]:
 class FarTable:
     """The rows of one namespace in table ``table`` of the database at ``url`` (a libpq URL or DSN)."""
 
-    def __init__(self, url: str, namespace: str, table: str = "delay_broker_far", connect_timeout: float = 5.0) -> None:
+    def __init__(
+        self,
+        url: str,
+        namespace: str,
+        table: str = "delay_broker_far",
+        connect_timeout: float = 5.0,
+        call_timeout: float = 30.0,
+    ) -> None:
         if not IDENTIFIER.match(table):
             raise ConfigurationError(f"far tier table name must be a lower-case SQL identifier, got {table!r}")
         self.url = url
         self.namespace = namespace
         self.table = table
         self.connect_timeout = connect_timeout
+        self.call_timeout = call_timeout
         self._local = threading.local()
         self._schema_ready = False
 
@@ -49,7 +58,8 @@ class FarTable:
             connection = psycopg.connect(self.url, autocommit=True, connect_timeout=max(1, int(self.connect_timeout)))
             self._local.connection = connection
             if not self._schema_ready:
-                self._create_schema(connection)
+                with self.guarded(connection):
+                    self._create_schema(connection)
         return connection
 
     def _create_schema(self, connection: psycopg.Connection[Any]) -> None:
@@ -84,23 +94,44 @@ class FarTable:
             self._drop_connection()
             raise FarTierUnavailable(f"far tier: {doing} failed on PostgreSQL: {error}".strip()) from error
 
+    def guarded(self, connection: psycopg.Connection[Any], extra: float = 0.0) -> AbstractContextManager[None]:
+        """Within the block, ``connection`` is broken if it takes longer than ``call_timeout`` (plus ``extra``; see
+        watchdog). The block must end before the connection is dropped: its descriptor may be another's then."""
+        return WATCHDOG.guard(connection.pgconn.socket, self.call_timeout + extra)
+
     @contextmanager
-    def _transaction(self, doing: str) -> Iterator[psycopg.Connection[Any]]:
+    def _transaction(self, doing: str, *, extra: float = 0.0) -> Iterator[psycopg.Connection[Any]]:
         """A transaction on this thread's connection, committed when the block ends without error. A connection
         that broke while idle (a restarted server) fails at BEGIN, before anything was done: a new one is opened
         then, once, so the first transaction after a restart does not fail while PostgreSQL is up."""
-        with self._failures(doing), ExitStack() as stack:
-            yield self._run(doing, lambda connection: (stack.enter_context(connection.transaction()), connection)[1])
 
-    def _run(self, doing: str, work: Callable[[psycopg.Connection[Any]], T]) -> T:
+        def begin(connection: psycopg.Connection[Any]) -> psycopg.Connection[Any]:
+            with ExitStack() as attempt:  # handed to the block's stack only once BEGIN succeeded on this connection
+                attempt.enter_context(self.guarded(connection, extra))
+                attempt.enter_context(connection.transaction())
+                stack.enter_context(attempt.pop_all())
+            return connection
+
+        with self._failures(doing), ExitStack() as stack:
+            yield self._run(doing, begin, guard=False)
+
+    def _run(self, doing: str, work: Callable[[psycopg.Connection[Any]], T], *, guard: bool = True) -> T:
         """``work`` on this thread's connection; once more on a new connection if the old one had broken (a
         restarted server). Only idempotent statements come through here."""
+
+        def attempt() -> T:
+            connection = self._connection()
+            if not guard:
+                return work(connection)
+            with self.guarded(connection):
+                return work(connection)
+
         with self._failures(doing):
             try:
-                return work(self._connection())
+                return attempt()
             except psycopg.OperationalError:
                 self._drop_connection()
-            return work(self._connection())
+            return attempt()
 
     def _read(self, doing: str, on: psycopg.Connection[Any] | None, work: Callable[[psycopg.Connection[Any]], T]) -> T:
         """``work`` on the connection of a :meth:`snapshot` (``on``), else as :meth:`_run`."""
@@ -172,7 +203,8 @@ class FarTable:
             f"SELECT id, due_ms, token, record FROM {self.table} WHERE namespace = %s AND {where} "
             "AND NOT id = ANY(%s) ORDER BY due_ms, token LIMIT %s FOR UPDATE SKIP LOCKED"
         )
-        with self._transaction("moving far messages into Redis") as connection:
+        # Its time runs while it is in Redis too: the lease bounds that, then the statements have theirs.
+        with self._transaction("moving far messages into Redis", extra=lease_ms / 1000) as connection:
             connection.execute("SELECT set_config('idle_in_transaction_session_timeout', %s, true)", (str(lease_ms),))
             bound = storable(ids) if ids else edge_ms
             found = connection.execute(select, (self.namespace, bound, storable(skip), limit)).fetchall()
@@ -319,7 +351,7 @@ class Parking:
         begin, self._begin = begin or self._begin, False
         if self._connection is not None:
             connection = self._connection
-            with self._table._failures(doing):
+            with self._table._failures(doing), self._table.guarded(connection):
                 if begin:
                     connection.execute("BEGIN")
                 return connection.execute(sql, args).fetchall()
@@ -341,12 +373,12 @@ class Parking:
         if connection is None:
             return
         if not commit:
-            with suppress(psycopg.Error):  # a broken connection took its locks with it
+            with suppress(psycopg.Error), self._table.guarded(connection):  # a broken one took its locks with it
                 if connection.info.transaction_status != psycopg.pq.TransactionStatus.IDLE:
                     connection.execute("ROLLBACK")  # a failed statement's transaction refuses the unlock
                 connection.execute("SELECT pg_advisory_unlock_all()")
             return
-        with self._table._failures("committing far messages"), connection.pipeline():
+        with self._table._failures("committing far messages"), self._table.guarded(connection), connection.pipeline():
             connection.execute("COMMIT")
             connection.execute("SELECT pg_advisory_unlock_all()")
 
@@ -371,7 +403,7 @@ class Parking:
         except BaseException:
             self._begin = False
             if self._connection is not None:
-                with suppress(psycopg.Error):
+                with suppress(psycopg.Error), self._table.guarded(self._connection):
                     self._connection.execute("ROLLBACK")
             raise
         self.release(commit=True)
@@ -387,7 +419,7 @@ class Parking:
             yield {id: token for id, token in found}
         except BaseException:
             if self._connection is not None:
-                with suppress(psycopg.Error):
+                with suppress(psycopg.Error), self._table.guarded(self._connection):
                     self._connection.execute("ROLLBACK")
             raise
         self.release(commit=True)
