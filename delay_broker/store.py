@@ -1142,7 +1142,10 @@ class DelayStore:
             with self._redis("reading the replication state"):
                 replicas = int(self._on_shard_master(self.shards[shard], look))
         except DelayBrokerError as error:
-            if not isinstance(error.__cause__, redis.exceptions.NoPermissionError):
+            # No permission, or a server or proxy without WAIT or INFO: moves go on unconfirmed, as before.
+            cause = error.__cause__
+            unknown = isinstance(cause, redis.exceptions.ResponseError) and "unknown command" in str(cause).lower()
+            if not (isinstance(cause, redis.exceptions.NoPermissionError) or unknown):
                 raise
             if not self._warned_replication_unknown:
                 self._warned_replication_unknown = True

@@ -81,6 +81,8 @@ class FarTable:
         connection = getattr(self._local, "connection", None)
         self._local.connection = None
         if connection is not None:
+            with suppress(psycopg.Error):  # a connection psycopg closed already has no socket to forget
+                WATCHDOG.forget(connection.pgconn.socket)
             connection.close()
 
     @contextmanager
@@ -100,14 +102,16 @@ class FarTable:
         return WATCHDOG.guard(connection.pgconn.socket, self.call_timeout + extra)
 
     @contextmanager
-    def _transaction(self, doing: str, *, extra: float = 0.0) -> Iterator[psycopg.Connection[Any]]:
+    def _transaction(self, doing: str, *, extra: float | None = 0.0) -> Iterator[psycopg.Connection[Any]]:
         """A transaction on this thread's connection, committed when the block ends without error. A connection
         that broke while idle (a restarted server) fails at BEGIN, before anything was done: a new one is opened
-        then, once, so the first transaction after a restart does not fail while PostgreSQL is up."""
+        then, once, so the first transaction after a restart does not fail while PostgreSQL is up. It is given
+        ``call_timeout`` plus ``extra`` seconds in all (None: no deadline)."""
 
         def begin(connection: psycopg.Connection[Any]) -> psycopg.Connection[Any]:
             with ExitStack() as attempt:  # handed to the block's stack only once BEGIN succeeded on this connection
-                attempt.enter_context(self.guarded(connection, extra))
+                if extra is not None:
+                    attempt.enter_context(self.guarded(connection, extra))
                 attempt.enter_context(connection.transaction())
                 stack.enter_context(attempt.pop_all())
             return connection
@@ -228,7 +232,8 @@ class FarTable:
     def snapshot(self) -> Iterator[psycopg.Connection[Any]]:
         """A connection whose reads (``on=`` of :meth:`page` and :meth:`counts`) all see the table as it was
         when the block began, whatever is committed meanwhile: a read-only repeatable-read transaction."""
-        with self._transaction("reading far messages") as connection:
+        # No deadline: a listing or a bulk selection holds it while it scans Redis, for as long as that takes.
+        with self._transaction("reading far messages", extra=None) as connection:
             connection.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ, READ ONLY")
             connection.execute("SELECT 1")  # the snapshot is taken by the first statement that is not SET
             yield connection
