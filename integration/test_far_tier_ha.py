@@ -116,7 +116,9 @@ def test_a_cluster_master_down_holds_up_the_far_rows_of_its_own_shards_only(
     hang = failure == "hang"  # still a member to the others for a minute, so clients keep sending to it
     extra = {"node_timeout_ms": 60_000} if hang else {}
     with RedisClusterServers(extra_args=["--cluster-require-full-coverage", "no"], **extra) as cluster:
-        options = {"socket_timeout": 2.0, "socket_connect_timeout": 1.0}
+        # Short socket timeouts: every attempt on the hung master costs a few, and a loaded CI machine ran the
+        # 60 s wait out with 2 s ones.
+        options = {"socket_timeout": 0.5, "socket_connect_timeout": 0.5}
         tier = FarTier(postgres.url, horizon=HORIZON, sweep_interval=0.1, lease=5.0, batch=10)
         store = DelayStore.from_url(cluster.url, namespace=f"farcl-{unique}", shards=6, far_tier=tier, **options)
         try:
@@ -139,7 +141,7 @@ def test_a_cluster_master_down_holds_up_the_far_rows_of_its_own_shards_only(
                     store.sweep_far()
                 return rows_left(postgres, store) == len(stranded)
 
-            wait_for(healthy_moved, 60, "the healthy shards' rows moved")
+            wait_for(healthy_moved, 120, "the healthy shards' rows moved")
             for id in set(ids) - stranded:
                 info = store.get(id)
                 assert info is not None and info.state == "due", id
