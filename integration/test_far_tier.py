@@ -226,12 +226,9 @@ def test_a_stalled_mover_is_refused_once_its_lease_ran_out(tiered: Any) -> None:
     assert store.stats().far == 1 and redis_holds(client, store) == (0, 0) and client.zcard(store.keys.moved) == 0
 
 
-def test_a_row_left_behind_its_recorded_token_is_deleted_and_its_id_free_again(tiered: Any) -> None:
-    """A row whose message is in Redis already (its token recorded; its delete never committed) would otherwise
-    stay until its due time: weeks later maybe, and meanwhile a ``keep`` park of its id kept it and wrote
-    nothing. The orphan check deletes it, then drops the token; recent tokens are left to their movers."""
-    store, client, target = tiered
-    store.park("left", Envelope("ready", b"old"), delay=3600)
+def mover_dies_after_adopting(store: DelayStore) -> None:
+    """A mover adopts every far row due within the hour into Redis and dies before its row deletes commit: the
+    rows are left behind, retired (their tokens recorded in ``moved``)."""
     now = store.now_ms()
 
     def adopt_then_die(rows: list[FarRow]) -> None:
@@ -239,7 +236,16 @@ def test_a_row_left_behind_its_recorded_token_is_deleted_and_its_id_free_again(t
         raise KeyboardInterrupt  # the process dies: its row delete never commits
 
     with pytest.raises(KeyboardInterrupt):
-        store._far.move(now + 3_700_000, 100, 5000, adopt_then_die)
+        store._far.move(now + 3_700_000, 100, 5000, adopt_then_die)  # type: ignore[union-attr]
+
+
+def test_a_row_left_behind_its_recorded_token_is_deleted_and_its_id_free_again(tiered: Any) -> None:
+    """A row whose message is in Redis already (its token recorded; its delete never committed) would otherwise
+    stay until its due time: weeks later maybe, and meanwhile a ``keep`` park of its id kept it and wrote
+    nothing. The orphan check deletes it, then drops the token; recent tokens are left to their movers."""
+    store, client, target = tiered
+    store.park("left", Envelope("ready", b"old"), delay=3600)
+    mover_dies_after_adopting(store)
     assert store._far is not None and store._far.get("left") is not None and client.zcard(store.keys.moved) == 1
     assert store.forget_moved_orphans() == 0, "a recent token is left alone"
     with psycopg.connect(store._far.url) as holder:  # a park or mover holding the row: not waited for long
@@ -260,14 +266,7 @@ def test_an_id_whose_row_is_retired_is_free_for_keep_parks_and_not_rescheduled(t
     store, _, _ = tiered
     for id in ("far", "near"):
         store.park(id, Envelope("ready", b"old"), delay=3600)
-    now = store.now_ms()
-
-    def adopt_then_die(rows: list[FarRow]) -> None:
-        store._adopt(rows, now + 5000)
-        raise KeyboardInterrupt  # the process dies: its row delete never commits
-
-    with pytest.raises(KeyboardInterrupt):
-        store._far.move(now + 3_700_000, 100, 5000, adopt_then_die)  # type: ignore[union-attr]
+    mover_dies_after_adopting(store)
     assert store._cancel_in_redis(["far", "near"]) == [True, True]  # as if the moved copies had run
     assert store.reschedule("far", delay=60) is None
     assert store.park("far", Envelope("ready", b"new"), delay=3600, on_conflict="keep").outcome == "new"
@@ -281,14 +280,7 @@ def test_an_id_whose_row_is_retired_is_free_for_keep_parks_and_not_rescheduled(t
 def test_cancel_of_an_id_whose_row_is_retired_and_whose_message_ran_reports_nothing_cancelled(tiered: Any) -> None:
     store, _, _ = tiered
     store.park("ran", Envelope("ready", b"old"), delay=3600)
-    now = store.now_ms()
-
-    def adopt_then_die(rows: list[FarRow]) -> None:
-        store._adopt(rows, now + 5000)
-        raise KeyboardInterrupt  # the process dies: its row delete never commits
-
-    with pytest.raises(KeyboardInterrupt):
-        store._far.move(now + 3_700_000, 100, 5000, adopt_then_die)  # type: ignore[union-attr]
+    mover_dies_after_adopting(store)
     assert store._cancel_in_redis(["ran"]) == [True]  # as if the moved copy had run
     counted = store.stats().counters.get("cancelled")
     assert store.cancel("ran") is False
