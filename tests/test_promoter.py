@@ -329,7 +329,8 @@ def test_a_hung_delivery_gives_back_the_rest_of_its_batch(redis_server, namespac
     other = Promoter(store, deliverer, batch=10, max_idle=0.1, lease=1.0).start()
     try:
         wait_for(lambda: len(deliverer.delivered) == 9, timeout=10, what="the rest delivered by the other promoter")
-        assert store.stats().inflight == 1, "the hung one stays leased to its promoter"
+        # Delivered, then acknowledged: the hung one stays leased to its promoter.
+        wait_for(lambda: store.stats().inflight == 1, timeout=10, what="the other promoter's acks")
         deliverer.release.set()
         wait_for(lambda: store.stats().inflight == 0, timeout=10, what="the hung one acknowledged")
         time.sleep(1.5)  # past a lease: nothing delivered twice
