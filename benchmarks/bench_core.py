@@ -23,6 +23,7 @@ import redis
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from benchmarks.common import delete_store
 from delay_broker import DelayStore, Envelope, ListTarget, ParkRequest, Promoter
 from delay_broker.deliverers import DirectLists
 from delay_broker.embedded import EmbeddedRedis
@@ -89,7 +90,7 @@ def bytes_per_parked(client: redis.Redis, count: int, record_version: int = 2) -
             for _ in range(min(10_000, count - start))
         ])  # fmt: skip
     after = int(client.info("memory")["used_memory"])
-    client.delete(*store.keys.all())
+    delete_store(store)
     settle(client, before)
     return (after - before) / count - MEMORY_PAYLOAD
 
@@ -137,7 +138,7 @@ def idle_calls_per_second(client: redis.Redis, seconds: float) -> float:
     time.sleep(seconds)
     after = client_round_trips(client)
     promoter.stop()
-    client.delete(*store.keys.all())
+    delete_store(store)
     return (after - before) / seconds
 
 
@@ -161,7 +162,8 @@ def main() -> None:
             park_ref.append(n / raw_park(client, prefix, ids))
             drain_ours.append(n / drain_with_promoter(store, f"{prefix}:ours", batch, n))
             drain_ref.append(n / drain_bare(client, prefix, f"{prefix}:bare", batch))
-            client.delete(f"{prefix}:ours", f"{prefix}:bare", *store.keys.all())
+            client.delete(f"{prefix}:ours", f"{prefix}:bare")
+            delete_store(store)
         memory = bytes_per_parked(client, min(n, 100_000))
         idle = idle_calls_per_second(client, 10.0)
 

@@ -22,6 +22,7 @@ from .common import (
     HERE,
     Lateness,
     WorkerProcess,
+    delete_store,
     median,
     now_ms,
     python_command,
@@ -105,7 +106,8 @@ def drain_ratio(url: str, count: int, batch: int, rounds: int) -> dict[str, Any]
         park_due_now(middleware.store, messages)
         ours.append(count / drain_promoter(broker, count, batch))
         assert client.llen(f"{namespace}:{QUEUE}") == count == client.hlen(f"{namespace}:{QUEUE}.msgs")
-        client.delete(f"{namespace}:{QUEUE}", f"{namespace}:{QUEUE}.msgs", *middleware.store.keys.all())
+        client.delete(f"{namespace}:{QUEUE}", f"{namespace}:{QUEUE}.msgs")
+        delete_store(middleware.store)
 
     def run_bare() -> None:
         prefix = f"bare-{uuid.uuid4().hex[:6]}"
@@ -170,7 +172,7 @@ def scale_ratio(url: str, parked: int, due: int, batch: int, rounds: int) -> dic
             client.delete(f"{namespace}:{QUEUE}", f"{namespace}:{QUEUE}.msgs")
     remaining = DelayStore(client, namespace=large_ns).stats().parked
     for namespace in (small_ns, large_ns):
-        client.delete(*DelayStore(client, namespace=namespace).keys.all())
+        delete_store(DelayStore(client, namespace=namespace))
     client.close()
     return {
         "scale_parked": parked,
@@ -228,7 +230,7 @@ def publish_ratio(
             run()
     stats = middleware.store.stats()
     assert stats.parked == stats.inflight == stats.dead == 0, stats
-    middleware.store.client.delete(*middleware.store.keys.all())
+    delete_store(middleware.store)
     broker.close()
     return {"ours": max(ours), "direct": max(direct), "ratio": max(ours) / max(direct)}
 
@@ -262,7 +264,7 @@ def park_ratio(url: str, count: int, rounds: int) -> dict[str, Any]:
     client = redis.Redis.from_url(url)
     parked = DelayStore(client, namespace="park").stats().parked
     assert parked == sent + 50, (parked, sent)
-    client.delete(*DelayStore(client, namespace="park").keys.all())
+    delete_store(DelayStore(client, namespace="park"))
     for key in client.scan_iter(match=f"{native_broker.namespace}:*"):
         client.delete(key)
     client.close()
@@ -346,7 +348,7 @@ def lateness(url: str, mode: str, rate: int, seconds: float, lead_s: float) -> t
     promoter = None
     if mode == "ours":
         promoter = Lateness("promotion step (Dramatiq)", read_json_list(client, env["BENCH_PROMOTER"]), count)
-        DelayStore(client, namespace=namespace).client.delete(*DelayStore(client, namespace=namespace).keys.all())
+        delete_store(DelayStore(client, namespace=namespace))
     for key in client.scan_iter(match=f"{namespace}:*"):
         client.delete(key)
     broker.close()
@@ -387,7 +389,7 @@ def worker_rss(url: str, mode: str, count: int) -> dict[str, float]:
         worker.close()
     if mode == "ours":
         store = DelayStore(client, namespace=namespace)
-        client.delete(*store.keys.all())
+        delete_store(store)
         held = 0
     for key in client.scan_iter(match=f"{namespace}:*"):
         client.delete(key)

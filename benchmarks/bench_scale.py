@@ -51,7 +51,7 @@ from integration.ha_servers import RedisClusterServers, SentinelSet
 from tests.helpers import threads_running
 
 from .bench_core import message_ids
-from .common import fmt, median
+from .common import delete_store, fmt, median
 
 SECTIONS = ("cluster", "capacity", "failover")
 SHARDS = 12
@@ -157,8 +157,7 @@ def cluster_shares(cluster: RedisClusterServers, messages: int, seconds: float, 
         elapsed = time.monotonic() - started
     usec = [script_usec(master) for master in masters]
     delivered = int(deliver_client.llen(target))
-    for space in store.shards:
-        store.client.delete(*space.all())
+    delete_store(store)
     deliver_client.delete(target)
     store.client.close()
     total = sum(usec)
@@ -200,8 +199,7 @@ def capacity(cluster: RedisClusterServers, messages: int, payload: int) -> dict[
     store.park_many(requests)
     cluster_seconds = time.perf_counter() - started
     growth = [used_memory(master) - b for master, b in zip(masters, before_each, strict=True)]
-    for space in store.shards:
-        store.client.delete(*space.all())
+    delete_store(store)
     store.client.close()
     return {
         "single": single_growth,

@@ -21,6 +21,7 @@ from delay_broker.deliverers import DirectLists
 from delay_broker.far import FarTier
 
 from .bench_core import MEMORY_PAYLOAD, settle
+from .common import delete_store
 
 HORIZON = 2.0
 
@@ -40,7 +41,7 @@ def _store(client: redis.Redis, url: str | None, **tier: Any) -> DelayStore:
 
 
 def _drop(client: redis.Redis, store: DelayStore) -> None:
-    client.delete(*store.keys.all())
+    delete_store(store)
     if store._far is not None:
         with psycopg.connect(store._far.url, autocommit=True) as connection:
             connection.execute(f"DELETE FROM {store._far.table} WHERE namespace = %s", (store._far.namespace,))

@@ -23,6 +23,15 @@ ROOT = Path(__file__).resolve().parents[1]
 HERE = Path(__file__).resolve().parent
 
 
+def delete_store(store: Any) -> None:
+    """Delete every key of a store's namespace, its packs and packed index included (``keys.all()`` names only
+    the fixed ones), shard by shard."""
+    for space in store.shards:
+        keys = list(store.client.scan_iter(match=space.pattern, count=1000))
+        for start in range(0, len(keys), 1000):
+            store.client.delete(*keys[start : start + 1000])
+
+
 def now_ms() -> float:
     return time.time() * 1000.0
 

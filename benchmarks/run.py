@@ -36,7 +36,7 @@ import redis
 from delay_broker.embedded import EmbeddedRedis
 
 from . import bench_celery, bench_core, bench_dramatiq, bench_tier
-from .common import HERE, Lateness, fmt
+from .common import HERE, Lateness, delete_store, fmt
 
 MEASURES = ("drain", "scale", "publish", "park", "lateness", "rss", "memory", "tier", "idle", "competitor")
 
@@ -389,7 +389,7 @@ def run_idle(report: Report, s: Sizes, env: dict[str, Any]) -> None:
     per = (after - before) / s.idle_seconds / s.idle_promoters
     label = f"8. idle promoters ({s.idle_promoters}), round trips/s each, {s.idle_seconds:g} s"
     report.add(label, per, "", "idle_calls_per_s", per)
-    client.delete(*middleware.store.keys.all())
+    delete_store(middleware.store)
     client.close()
     broker.close()
 

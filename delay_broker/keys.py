@@ -37,6 +37,10 @@ SCRIPT_KEYS = (
     "schedules_rev",
     "lateness",
     "moved",
+    "packs",
+    "pack_base",
+    "pack_live",
+    "packed_shape",
 )
 """The keys of a shard, in the order every script receives them as KEYS (Lua names them in upper case)."""
 
@@ -211,6 +215,35 @@ class Keyspace:
     def moved(self) -> str:
         """ZSET far-tier token -> when its message was moved into Redis (see :mod:`delay_broker.far`)."""
         return self.key("moved")
+
+    @property
+    def packs(self) -> str:
+        """ZSET pack name -> earliest due time (ms) of the messages packed in it (see :mod:`delay_broker.packing`)."""
+        return self.key("packs")
+
+    @property
+    def pack_base(self) -> str:
+        """HASH pack name -> records taken from the head of the pack so far (positions are counted from its start)."""
+        return self.key("pack_base")
+
+    @property
+    def pack_live(self) -> str:
+        """HASH pack name -> messages still packed in it (its records less the taken and the cleared ones)."""
+        return self.key("pack_live")
+
+    def pack(self, name: str) -> str:
+        """LIST of the records packed under ``name`` (a level and a time slot, ``3:5863412``)."""
+        return self.key(f"pack:{name}")
+
+    def packed(self, partition: int) -> str:
+        """HASH 16-byte id -> location (``pack name:position``): one partition of the packed index."""
+        return self.key(f"packed:{partition}")
+
+    @property
+    def packed_shape(self) -> str:
+        """STRING ``level:split``, how many partitions the packed index has (see :class:`~.packing.IndexShape`);
+        absent means one."""
+        return self.key("packed_shape")
 
     @property
     def promoters(self) -> str:

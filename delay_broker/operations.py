@@ -45,6 +45,7 @@ UNREWRITABLE: tuple[type[Exception], ...] = (ValueError, TypeError, KeyError, At
 that are not UTF-8 or JSON, a record of another shape, JSON nested too deep): that message cannot be moved."""
 
 Action = Literal["cancel", "run_now", "reschedule", "requeue", "purge"]
+Source = Literal["packs", "index", "far"]
 Ids = Sequence[str] | Mapping[str, str]
 """The messages an action names: ids, or what :meth:`Operations.select` returned (ids with their framework)."""
 
@@ -150,7 +151,7 @@ class Operations:
         ``headers_only``: messages in Redis come without their payload, as for :meth:`DelayStore.list_messages`."""
         if not 0 < limit <= MAX_BATCH:
             raise ValueError(f"limit must be 1..{MAX_BATCH}")
-        sources = self._sources(filter)
+        sources = len(self._sources(filter))
         positions = _cursor(cursor, sources)
         found: list[list[tuple[Position, MessageInfo]]] = []
         examined = 0
@@ -170,9 +171,13 @@ class Operations:
                 ended.append(scan.exhausted and len(scan.matches) <= limit)
                 if not scan.matches:
                     positions[source] = _DONE if scan.exhausted else scan.last
+        kinds = [kind for kind, _ in self._sources(filter)]
         merged = heapq.merge(
             *[
-                [(self._sort_key(info), source, n, position, info) for n, (position, info) in enumerate(matches)]
+                [
+                    (self._sort_key(kinds[source], position, info), source, n, position, info)
+                    for n, (position, info) in enumerate(matches)
+                ]
                 for source, matches in enumerate(found)
             ]
         )
@@ -200,7 +205,7 @@ class Operations:
         matched = examined = 0
         complete = True
         with self._snapshot(filter) as snapshot:
-            for source in range(self._sources(filter)):
+            for source in range(len(self._sources(filter))):
                 source_examined = 0
                 for scan in self._scans(filter, source, snapshot):
                     matched += len(scan.matches)
@@ -215,7 +220,7 @@ class Operations:
         """Every matching message, shard by shard (a full scan in bounded calls). With a far tier the table is
         read as of the start, in a transaction held until the iteration ends: consume it, then act."""
         with self._snapshot(filter) as snapshot:
-            for source in range(self._sources(filter)):
+            for source in range(len(self._sources(filter))):
                 for scan in self._scans(filter, source, snapshot):
                     for _, info in scan.matches:
                         yield info
@@ -247,10 +252,16 @@ class Operations:
                 return
             position = scan.last
 
-    def _sources(self, filter: MessageFilter) -> int:
-        """Where messages of ``filter.state`` are: every shard, and for parked messages the far tier's table."""
-        far = filter.state == "due" and self.store.far_tier is not None
-        return len(self.store.shards) + far
+    def _sources(self, filter: MessageFilter) -> list[tuple[Source, int]]:
+        """Where messages of ``filter.state`` are, in the order they are read: for parked messages every shard's
+        packs, then every shard's index, then the far tier's table; else every shard's index. A message moves
+        only from the table into Redis and from a pack into the index, so a full scan in this order meets each
+        one that is there throughout (the table is read as of before Redis is, see :meth:`_snapshot`)."""
+        shards = range(len(self.store.shards))
+        if filter.state != "due":
+            return [("index", shard) for shard in shards]
+        far: list[tuple[Source, int]] = [("far", 0)] if self.store.far_tier is not None else []
+        return [*(("packs", shard) for shard in shards), *(("index", shard) for shard in shards), *far]
 
     def _scan(
         self,
@@ -271,7 +282,21 @@ class Operations:
             # With a text filter most structural matches fail it: take whole chunks, not a page at a time.
             wanted = MAX_BATCH if filter.text else limit - len(found)
             scan = min(SCAN_PER_CALL, max_scan - examined)
-            if source == len(self.store.shards):
+            kind, shard = self._sources(filter)[source]
+            if kind == "packs":
+                reply = self.store.scan_packs(
+                    shard,
+                    start_ms=filter.start_ms,
+                    end_ms=filter.end_ms,
+                    after=after,
+                    scan=scan,
+                    limit=wanted,
+                    queue=filter.queue,
+                    task=filter.task,
+                    id_prefix=filter.id_prefix,
+                    headers_only=headers_only and not filter.text,
+                )
+            elif kind == "far":
                 reply = self.store.scan_far(
                     start_ms=filter.start_ms,
                     end_ms=filter.end_ms,
@@ -285,7 +310,7 @@ class Operations:
             else:
                 reply = self.store.scan_index(
                     filter.state,
-                    source,
+                    shard,
                     min_score=_score_bound(filter, "start"),
                     max_score=_score_bound(filter, "end"),
                     after=after,
@@ -305,7 +330,11 @@ class Operations:
                 break
         return IndexScan(examined, False, found, after)
 
-    def _sort_key(self, info: MessageInfo) -> tuple[int, str]:
+    def _sort_key(self, kind: Source, position: Position, info: MessageInfo) -> tuple[int, str]:
+        """Messages by their time on the state's index; packed ones at the start of their pack's slot, in the
+        pack's order (which is each source's own: the merge needs every source in order)."""
+        if kind == "packs":
+            return int(position[0]), position[1].rpartition("/")[0] + f"/{int(position[1].rpartition('/')[2]):020d}"
         return (info.due_ms if info.state == "due" else info.at_ms) or 0, info.id
 
     # -- acting --------------------------------------------------------------------------------------------------

@@ -167,6 +167,8 @@ class Promoter:
         self._failures = 0
         self._look_at: list[float] = []
         """Per shard: the monotonic time of the next look."""
+        self._packs_at: list[float] = []
+        """Per shard: the monotonic time of the next look at its packs (see :meth:`DelayStore.open_packs`)."""
         self._shard_failures: dict[int, int] = {}
         """Per shard that failed while others did not: its failures in a row."""
         self._layout_checked = time.monotonic()
@@ -349,6 +351,7 @@ class Promoter:
         shards = len(self.store.shards)
         if len(self._look_at) != shards:
             self._look_at = [0.0] * shards
+            self._packs_at = [0.0] * shards
         any_full = False
         failed: list[tuple[int, DelayBrokerError]] = []
         looked = 0
@@ -375,9 +378,29 @@ class Promoter:
             raise failed[0][1]  # nothing could be promoted: an outage, backed off as one
         for shard, refusal in failed:
             self._shard_fault(shard, refusal, started)
+        self._open_packs(started, {shard for shard, _ in failed})
         self._trim_dead(started)
-        next_look = min(self._look_at)
+        next_look = min(min(self._look_at), min(self._packs_at))
         return any_full, next_look - time.monotonic()
+
+    def _open_packs(self, now: float, failing: set[int]) -> None:
+        """Open the packs coming due (a few calls per shard and cycle, between promotions). A shard is looked
+        at again when its next pack comes due, and at least every quarter of the lead, for packs parked since:
+        a pack is opened in time as long as it is opened within the lead."""
+        lead = self.store.pack_lead_ms / 1000
+        for shard, at in enumerate(self._packs_at):
+            if at > now or shard in failing:
+                continue
+            try:
+                next_ms = self.store.open_packs(shard)
+            except DelayBrokerError as error:
+                if not (isinstance(error, StoreError) or type(error) is DelayBrokerError):
+                    raise
+                logger.warning("Promoter %s: opening packs of shard %d failed, retrying: %s", self.id, shard, error)
+                self._packs_at[shard] = now + min(5.0, lead / 4)
+                continue
+            wait = lead / 4 if next_ms is None else (next_ms - self.store.estimated_now_ms()) / 1000
+            self._packs_at[shard] = now + max(0.0, min(wait, lead / 4))
 
     def _sweep(self) -> None:
         """The far tier's sweeper, in a thread of its own beside the promotion loop: a sweep takes milliseconds

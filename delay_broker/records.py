@@ -133,6 +133,8 @@ class StoreStats:
     """Shards the counts were summed over."""
     far: int = 0
     """Of :attr:`parked`, the messages waiting in the far tier (PostgreSQL); 0 without one."""
+    packed: int = 0
+    """Of :attr:`parked`, the messages kept in packs (see :mod:`delay_broker.packing`)."""
 
     @property
     def oldest_overdue_age_ms(self) -> int:

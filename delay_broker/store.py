@@ -26,7 +26,7 @@ from redis.crc import key_slot
 from redis.exceptions import RedisClusterException
 from redis.sentinel import MasterNotFoundError
 
-from . import scripts, tracing
+from . import packing, scripts, tracing
 from .clock import MAX_DUE_MS, Delay, delay_to_ms, due_of_score, due_to_ms, score_ceiling, score_floor
 from .connect import CLIENT_DEFAULTS, AnyRedis, client_from_url, describe, is_cluster, master_address
 from .envelope import VERSION as ENVELOPE_VERSION
@@ -45,6 +45,17 @@ from .errors import (
 )
 from .far import FarRow, FarTier, check_storable
 from .keys import DEFAULT_NAMESPACE, DEFAULT_PREFIX, MAX_SHARDS, Keyspace, shard_of
+from .packing import (
+    NOT_PACKABLE,
+    NOWHERE,
+    SPLIT_AT,
+    IndexReshaped,
+    IndexShape,
+    Location,
+    PackedElsewhere,
+    binary_id,
+    pack_name,
+)
 from .records import (
     Claim,
     ClaimedMessage,
@@ -73,6 +84,11 @@ logger = logging.getLogger("delay_broker.store")
 MAX_BATCH = 1000
 MAX_ID_LENGTH = 512
 DEFAULT_MAX_PAYLOAD = 1024 * 1024
+DEFAULT_PACK_AFTER_MS = 300_000
+PACK_CALLS = 10
+PACK_OPEN_CHUNK = 500
+"""Records one ``open_pack.lua`` call moves at most: a few milliseconds of Redis time."""
+"""Calls a by-id script is given to find the ids where the packed index says they are (see :meth:`_run_by_id`)."""
 FAR_HOLD_BACK_SECONDS = 5.0
 """How long far rows a shard could not take are passed over by the sweeps of this store (at least a sweep
 interval): long enough for the other shards' rows to get through, short enough to find a master back soon."""
@@ -91,6 +107,7 @@ STORE_OPTIONS = (
     "record_version",
     "far_tier",
     "far_horizon",
+    "pack_after",
 )
 """Options of :class:`DelayStore` itself; :meth:`DelayStore.from_url` gives every other one to the client."""
 
@@ -137,6 +154,11 @@ class DelayStore:
         every message is parked in Redis.
       far_horizon: the horizon when ``far_tier`` is given as a URL (default 6 hours); sweeps then run every 5 s,
         or four times per horizon if that is shorter.
+      pack_after: seconds (or a timedelta): a message due at least this far ahead is packed, at about half the
+        memory (see :mod:`delay_broker.packing`), and moved into the ordinary layout by promoters when it comes
+        within half of it. Default 5 minutes; ``None`` packs nothing (for a rolling upgrade from a release
+        without packs: its promoters would not open them). Packed messages are read, cancelled and rescheduled
+        by every store whatever its own setting.
     """
 
     HISTOGRAM_EDGES = (60_000, 3_600_000, 86_400_000)
@@ -160,6 +182,7 @@ class DelayStore:
         record_version: int = ENVELOPE_VERSION,
         far_tier: FarTier | str | None = None,
         far_horizon: Delay | None = None,
+        pack_after: Delay | None = DEFAULT_PACK_AFTER_MS / 1000,
     ) -> None:
         if client.get_connection_kwargs().get("decode_responses"):
             raise DelayBrokerError("the Redis client must return bytes: create it with decode_responses=False")
@@ -180,6 +203,9 @@ class DelayStore:
         if record_version not in (1, 2):
             raise ConfigurationError(f"record_version must be 1 or 2, got {record_version!r}")
         self.record_version = record_version
+        self.pack_after_ms = _positive_ms("pack_after", pack_after)
+        if self.pack_after_ms is not None and self.pack_after_ms < 10_000:
+            raise ConfigurationError(f"pack_after must be at least 10 seconds (or None), got {pack_after!r}")
         self.max_delay_ms = _positive_ms("max_delay", max_delay)
         self.dead_max_count = dead_max_count
         self.dead_max_age_ms = _positive_ms("dead_max_age", dead_max_age)
@@ -211,6 +237,8 @@ class DelayStore:
         self.far_tier = far_tier
         self._far = None if far_tier is None else far_tier.table_for(f"{prefix}:{namespace}")
         self._clock_offset: tuple[float, int] | None = None
+        self._index_shapes: dict[int, IndexShape] = {}
+        """Per shard, the shape of the packed index as last seen (scripts refuse a stale one that matters)."""
 
     @classmethod
     def from_url(cls, url: str, **options: Any) -> DelayStore:
@@ -364,9 +392,82 @@ class DelayStore:
         keys = [*space.script_keys, *extra]
         replicas = self.replicas if replicas is None else replicas
         with self._redis(name):
-            if write and replicas:
-                return self._run_replicated(name, space, keys, args, replicas)
-            return self._evalsha(name, keys, args)
+            try:
+                if write and replicas:
+                    return self._run_replicated(name, space, keys, args, replicas)
+                return self._evalsha(name, keys, args)
+            except redis.ResponseError as error:
+                elsewhere = packing.packed_elsewhere(error)
+                if elsewhere is None:
+                    raise
+                raise elsewhere from None
+
+    def _run_by_id(
+        self,
+        name: str,
+        shard: int,
+        ids: Sequence[str],
+        args: Sequence[Any],
+        *,
+        targets: Sequence[str] | None = None,
+        write: bool = True,
+        replicas: int | None = None,
+    ) -> Any:
+        """Script ``name`` on ``ids`` of a shard, told where each is packed (see ``pack_locate`` in _lib.lua).
+
+        It is first told that none is; a script that finds ids packed elsewhere writes nothing and says where
+        they are, and is called again with that (a pack opened, or an id parked again, in between moves them
+        again); one given an index partition that a split moved an id out of says the index's shape, and is
+        called again with the partitions of that. ``targets``: per id, the pack a park may append it to (the
+        shard's ``packs`` key for none)."""
+        space = (self._shards or self._read_layout(name))[shard]
+        binaries = [binary_id(id) for id in ids]
+        binaries_arg = b"".join(binaries)
+        where: list[Location | None] = [None] * len(ids)
+        for _ in range(PACK_CALLS):
+            shape = self._index_shapes.get(shard, IndexShape())
+            extra: list[str] = []
+            for n, binary in enumerate(binaries):
+                location = where[n]
+                extra.append(space.packed(shape.partition(binary)) if binary != NOT_PACKABLE else space.packs)
+                extra.append(space.packs if location is None else space.pack(location.pack))
+                if targets is not None:
+                    extra.append(targets[n])
+            locations = " ".join(NOWHERE if location is None else str(location) for location in where)
+            arguments = [*args, str(shape), binaries_arg, locations]
+            try:
+                return self._run(name, shard, arguments, extra=extra, write=write, replicas=replicas)
+            except PackedElsewhere as elsewhere:
+                for position, location in elsewhere.locations.items():
+                    where[position - 1] = location
+            except IndexReshaped as reshaped:
+                self._index_shapes[shard] = reshaped.shape
+        raise StoreUnavailable(
+            f"{name}: the messages kept moving between packs and the ordinary layout over {PACK_CALLS} calls; "
+            "doing it again is safe"
+        )
+
+    def _split_index(self, shard: int) -> None:
+        """Split partitions of the shard's packed index, the next ones in line, until they average half of
+        :data:`~.packing.SPLIT_AT` ids (a park filled some past it). Best effort: the park is done, and a later
+        one asks again if need be."""
+        space = self.shards[shard]
+        try:
+            with self._redis("sizing the packed index"):
+                total = sum(int(count) for count in self.client.hvals(space.pack_live))
+            while True:
+                shape = self._index_shapes.get(shard, IndexShape())
+                wanted = -(-total // (SPLIT_AT // 2)) - shape.partitions
+                if wanted <= 0:
+                    return
+                pairs, _ = shape.splits(min(wanted, MAX_BATCH // 2))
+                keys = [space.packed(partition) for pair in pairs for partition in pair]
+                reply = _text(self._run("split_index", shard, [str(shape), len(pairs)], extra=keys))
+                if reply == str(shape):  # another process split meanwhile: its parks ask again if need be
+                    return
+                self._index_shapes[shard] = IndexShape.parse(reply)
+        except DelayBrokerError as error:
+            logger.debug("Store %r: splitting the packed index failed: %s", self.keys.namespace, error)
 
     def _evalsha(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
         """Script ``name`` by its hash, sent whole (and so loaded) where the server lacks it. Not through redis-py's
@@ -572,11 +673,15 @@ class DelayStore:
         fence, tokens = (
             ("", " ".join(map(str, retire))) if adopt is None else (str(adopt[0]), " ".join(map(str, adopt[1])))
         )
-        args: list[Any] = [on_conflict, MAX_DUE_MS, schedule, limit, revision, fence, tokens]
+        pack_after = -1 if self.pack_after_ms is None else self.pack_after_ms
+        args: list[Any] = [on_conflict, MAX_DUE_MS, schedule, limit, revision, fence, tokens, pack_after]
         for item in chunk:
             args.extend(item)
-        reply = self._run("park", shard, args, replicas=replicas)
-        self._relay_wake(shard, reply[-1])
+        ids = [item[0] for item in chunk]
+        reply = self._run_by_id("park", shard, ids, args, targets=self._pack_targets(shard, chunk), replicas=replicas)
+        self._relay_wake(shard, reply[-2])
+        if int(reply[-1]):
+            self._split_index(shard)
         outcomes: tuple[Literal["kept", "new", "replaced", "stale", "moved"], ...] = (
             "kept",
             "new",
@@ -585,6 +690,20 @@ class DelayStore:
             "moved",
         )
         return [ParkResult(item[0], int(reply[2 * n]), outcomes[int(reply[2 * n + 1])]) for n, item in enumerate(chunk)]
+
+    def _pack_targets(self, shard: int, chunk: list[tuple[str, str, int, bytes]]) -> list[str]:
+        """Per message, the pack it is appended to when it is due at least ``pack_after`` ahead (by the Redis
+        clock as estimated here: park.lua decides by its own), else the shard's ``packs`` key (none)."""
+        space = self.shards[shard]
+        if self.pack_after_ms is None:
+            return [space.packs] * len(chunk)
+        now = self.estimated_now_ms()
+        targets = []
+        for id, kind, value, _ in chunk:
+            due = value if kind == "a" else now + value
+            packable = due - now >= self.pack_after_ms and binary_id(id) != NOT_PACKABLE
+            targets.append(space.pack(pack_name(due, now, self.pack_after_ms)) if packable else space.packs)
+        return targets
 
     def _encode_request(self, request: ParkRequest) -> tuple[str, str, int, bytes]:
         check_id(request.id)
@@ -671,14 +790,14 @@ class DelayStore:
         for shard, group in self._by_shard(ids).items():
             missed: list[str] = []
             for chunk in _chunks(group):
-                reply = self._run("cancel", shard, [mode, *chunk])
+                reply = self._run_by_id("cancel", shard, chunk, [mode, *chunk])
                 for id, flag in zip(chunk, reply, strict=True):
                     removed[id] = bool(int(flag))
                     if not int(flag):
                         missed.append(id)
             if shard != 0 and missed:  # a schedule's occurrence lives in shard 0
                 for chunk in _chunks(missed):
-                    for id, flag in zip(chunk, self._run("cancel", 0, [mode, *chunk]), strict=True):
+                    for id, flag in zip(chunk, self._run_by_id("cancel", 0, chunk, [mode, *chunk]), strict=True):
                         removed[id] = bool(int(flag))
         return [removed[id] for id in ids]
 
@@ -711,15 +830,24 @@ class DelayStore:
         if far_due is not None:
             # A row was rescheduled; a copy a dead mover left in Redis is rescheduled with it (see _reschedule_far).
             kind, value, limit = "a", far_due, -1
+        pack_after = -1 if self.pack_after_ms is None else self.pack_after_ms
         for shard in self._shards_to_search(id):
-            moved, woke = self._run("reschedule", shard, [id, kind, value, MAX_DUE_MS, encoded, limit, read])
+            moved, woke, over = self._run_by_id(
+                "reschedule",
+                shard,
+                [id],
+                [id, kind, value, MAX_DUE_MS, encoded, limit, read, pack_after],
+                targets=self._pack_targets(shard, [(id, kind, value, b"")]),
+            )
+            if int(over):
+                self._split_index(shard)
             if int(moved) >= 0:
                 self._relay_wake(shard, woke)
                 if far_due is None:
                     return int(moved)
                 break
         tier = self.far_tier
-        if far_due is not None and tier is not None and far_due - self._estimated_now_ms() <= tier.horizon_ms:
+        if far_due is not None and tier is not None and far_due - self.estimated_now_ms() <= tier.horizon_ms:
             self.sweep_far(ids=[id])  # now within the horizon: into Redis at once
         return far_due
 
@@ -829,12 +957,12 @@ class DelayStore:
             drop_also or "",
             marker or "",
         ]
-        done, current, now_ms, cancelled = self._run("schedule_update", 0, args)
+        done, current, now_ms, cancelled = self._run_by_id("schedule_update", 0, [cancel] if cancel else [], args)
         return ScheduleUpdate(bool(int(done)), int(current), int(now_ms), bool(int(cancelled)))
 
     # -- the far tier ----------------------------------------------------------------------------------
 
-    def _estimated_now_ms(self) -> int:
+    def estimated_now_ms(self) -> int:
         """The Redis clock without a round trip: the local clock corrected by an offset read once a minute.
         Close enough to choose a tier, whose horizon is many seconds away."""
         local = time.time()
@@ -866,7 +994,7 @@ class DelayStore:
         one Redis script: parks of the same id by other processes wait for it and then see it. An id given twice
         is parked twice, in the order given, as in Redis."""
         assert self._far is not None
-        now = self._estimated_now_ms()
+        now = self.estimated_now_ms()
         dues = [self._far_due(id, kind, value, now) for id, kind, value, _ in encoded]  # validated before writing
         for request, due in zip(requests, dues, strict=True):
             if due is not None:
@@ -1002,26 +1130,15 @@ class DelayStore:
                 )
 
     def _held_in_redis(self, ids: list[str]) -> dict[str, int]:
-        """The ids of ``ids`` that Redis holds, with their due time (-1 in flight or dead): one pipelined round
-        trip per shard, as park.lua tells held ids apart."""
+        """The ids of ``ids`` that Redis holds, with their due time (-1 in flight or dead), as park.lua tells
+        held ids apart: one ``held.lua`` call per 1,000 per shard (and shard 0, where occurrences live)."""
         held: dict[str, int] = {}
         for group in self._by_shard(ids).values():
-            spaces = [self.shards[number] for number in self._shards_to_search(group[0])]
-            with self._redis("looking ids up"):
-                pipe = self.client.pipeline(transaction=False)
-                for space in spaces:
-                    for id in group:
-                        pipe.zscore(space.due, id)
-                        pipe.zscore(space.inflight, id)
-                        pipe.zscore(space.dead, id)
-                replies = iter(pipe.execute())
-            for _ in spaces:
-                for id in group:
-                    due, inflight, dead = next(replies), next(replies), next(replies)
-                    if id not in held and due is not None:
-                        held[id] = due_of_score(due)
-                    elif id not in held and (inflight is not None or dead is not None):
-                        held[id] = -1
+            for number in self._shards_to_search(group[0]):
+                for chunk in _chunks([id for id in group if id not in held]):
+                    for id, due in zip(chunk, self._run_by_id("held", number, chunk, chunk, write=False), strict=True):
+                        if int(due) != -2:
+                            held[id] = int(due)
         return held
 
     def _reschedule_far(
@@ -1034,7 +1151,7 @@ class DelayStore:
         assert self._far is not None
         if self._live_far_row(id) is None:
             return None
-        now = self._estimated_now_ms()
+        now = self.estimated_now_ms()
         due = value if kind == "a" else now + value
         self._far_due(id, "a", due, now)  # the same limits as a park
         route, name = (envelope.route, envelope.name or "") if envelope is not None else ("", "")
@@ -1268,7 +1385,7 @@ class DelayStore:
 
     def _get_in_redis(self, id: str) -> MessageInfo | None:
         for shard in self._shards_to_search(id):
-            state, due, at, raw, attempts, error = self._run("get", shard, [id], write=False)
+            state, due, at, raw, attempts, error = self._run_by_id("get", shard, [id], [id], write=False)
             state = state.decode()
             if state == "gone" and not raw:
                 continue
@@ -1312,7 +1429,7 @@ class DelayStore:
             low = "-inf" if start_ms is None else start_ms
             high = "+inf" if end_ms is None else end_ms
         far = self._far is not None and state == "due"
-        if len(self.shards) == 1 and not far:
+        if len(self.shards) == 1 and state != "due":
             return [info for _, info in self._list_page(0, state, low, high, offset, count, headers_only)]
         wanted = offset + count
         with self._far_view() if far else contextlib.nullcontext() as view:
@@ -1330,6 +1447,14 @@ class DelayStore:
                 assert self._far is not None
                 rows = self._far.page(start_ms, end_ms, 0, wanted, leaving=leaving, on=view)
                 pages.append([(float(score_floor(row.due_ms)), row.id, self._far_info(row)) for row in rows])
+            if state == "due":
+                # Packed messages at the start of their pack's slot (see scan_packs), in the pack's order.
+                for shard in range(len(self.shards)):
+                    packed = self.scan_packs(
+                        shard, start_ms=start_ms, end_ms=end_ms, after=None, scan=2**62, limit=wanted,
+                        headers_only=headers_only,
+                    )  # fmt: skip
+                    pages.append([(float(score_floor(int(at[0]))), info.id, info) for at, info in packed.matches])
         merged = heapq.merge(*pages, key=lambda entry: entry[0])
         unique = {id: (score, id, source) for score, id, source in merged}  # a later (Redis) copy wins
         chosen = sorted(unique.values(), key=lambda entry: entry[0])[offset:wanted]
@@ -1424,6 +1549,58 @@ class DelayStore:
         last = (_text(reply[2]), _text(reply[3])) if reply[2] else None
         return IndexScan(int(reply[0]), bool(int(reply[1])), matches, last)
 
+    def scan_packs(
+        self,
+        shard: int,
+        *,
+        start_ms: int | None,
+        end_ms: int | None,
+        after: Position | None,
+        scan: int,
+        limit: int,
+        queue: str | None = None,
+        task: str | None = None,
+        id_prefix: str | None = None,
+        headers_only: bool = False,
+    ) -> IndexScan:
+        """:meth:`scan_index` of a shard's packed messages (``find_packed.lua``): pack after pack in the order of
+        their time slots, each pack's messages in the order they were parked, so only roughly by due time (a
+        pack spans at most a sixteenth of its messages' distance). A position is a pack's start and
+        ``name/position`` of a record in it."""
+        space = self.shards[shard]
+        ordered = sorted(
+            (packing.pack_start(name), name)
+            for name, earliest in self._packs(shard)
+            if end_ms is None or earliest <= end_ms
+        )
+        resume: tuple[int, str, int] | None = None
+        if after is not None:
+            pack, _, record = after[1].rpartition("/")
+            resume = (int(after[0]), pack, int(record))
+        matches: list[tuple[Position, MessageInfo]] = []
+        examined = 0
+        last = after
+        for start, name in ordered:
+            if resume is not None and (start, name) < resume[:2]:
+                continue
+            position = resume[2] if resume is not None and (start, name) == resume[:2] else -1
+            while True:
+                if examined >= scan or len(matches) >= limit:
+                    return IndexScan(examined, False, matches, last)
+                args = [name, position, min(scan - examined, 5000), min(limit - len(matches), MAX_BATCH)]
+                args += [queue or "", task or "", id_prefix or "", "1" if headers_only else ""]
+                args += ["" if start_ms is None else start_ms, "" if end_ms is None else end_ms]
+                reply = self._run("find_packed", shard, args, extra=[space.pack(name)], write=False)
+                examined += int(reply[0])
+                position = int(reply[2])
+                last = (str(start), f"{name}/{position}")
+                for n in range(3, len(reply), 6):
+                    _, info = _listed("due", *reply[n : n + 5], omitted=headers_only)
+                    matches.append(((str(start), f"{name}/{int(reply[n + 5])}"), info))
+                if int(reply[1]):
+                    break
+        return IndexScan(examined, True, matches, last)
+
     def scan_far(
         self,
         *,
@@ -1481,6 +1658,17 @@ class DelayStore:
     def iter_all(self, state: ListState = "due", page: int = 500) -> Iterator[MessageInfo]:
         """Every message of a state, page by page, shard after shard (not a snapshot: changes meanwhile may be
         missed; across shards not in time order)."""
+        if state == "due":  # packs first: a message moves from a pack into the index, not back
+            for shard in range(len(self.shards)):
+                after: Position | None = None
+                while True:
+                    scan = self.scan_packs(
+                        shard, start_ms=None, end_ms=None, after=after, scan=5000, limit=page
+                    )  # fmt: skip
+                    yield from (info for _, info in scan.matches)
+                    if scan.exhausted:
+                        break
+                    after = scan.last
         for shard in range(len(self.shards)):
             offset = 0
             while True:
@@ -1538,6 +1726,7 @@ class DelayStore:
             histogram=histogram,
             shards=len(snapshots),
             far=far,
+            packed=total(10),
         )
 
     # -- promoters -------------------------------------------------------------------------------------
@@ -1629,6 +1818,59 @@ class DelayStore:
                 f"(a broker outside the cluster, or a deliverer of the framework) or give the targets the hash tag "
                 f"{{{self.keys.tag}}}"
             )
+
+    @property
+    def pack_lead_ms(self) -> int:
+        """How long before a pack's earliest due time promoters open it: half of ``pack_after`` (of the default
+        when this store packs nothing: others may)."""
+        return (self.pack_after_ms or DEFAULT_PACK_AFTER_MS) // 2
+
+    def open_packs(self, shard: int, *, calls: int = 8) -> int | None:
+        """Move the shard's packs whose earliest message is due within :attr:`pack_lead_ms` into the ordinary
+        layout, at most ``calls`` times :data:`PACK_OPEN_CHUNK` records (promoters call this). Returns when the
+        next pack is to be opened (ms, Redis clock; now or earlier when there is more to open already), or None
+        when nothing is packed."""
+        for _ in range(calls):
+            now = self.estimated_now_ms()
+            head = self._packs(shard, first_only=True)
+            if not head:
+                return None
+            name, earliest = head[0]
+            if earliest - self.pack_lead_ms > now:
+                return earliest - self.pack_lead_ms
+            self._open_pack(shard, name)
+        return now
+
+    def _packs(self, shard: int, *, first_only: bool = False) -> list[tuple[str, int]]:
+        """The shard's packs with their earliest due times, earliest first (``first_only``: that one only)."""
+        with self._redis("looking at packs"):
+            packs: list[tuple[bytes, float]] = self.client.zrange(  # type: ignore[assignment]
+                self.shards[shard].packs, 0, 0 if first_only else -1, withscores=True
+            )
+        return [(_text(name), int(earliest)) for name, earliest in packs]
+
+    def _open_pack(self, shard: int, name: str) -> None:
+        """One chunk of pack ``name`` into the ordinary layout: its head's ids read first, then moved by a call
+        given their index partitions (refused if another promoter took that head meanwhile)."""
+        space = self.shards[shard]
+        pack = space.pack(name)
+        base, ids = self._run("open_pack", shard, ["peek", name, PACK_OPEN_CHUNK], extra=[pack], write=False)
+        binaries = [ids[n : n + 16] for n in range(0, len(ids), 16)]
+        for _ in range(PACK_CALLS):
+            shape = self._index_shapes.get(shard, IndexShape())
+            partitions = [
+                space.packed(shape.partition(binary)) if binary != NOT_PACKABLE else space.packs for binary in binaries
+            ]
+            try:
+                reply = self._run(
+                    "open_pack", shard, ["open", name, len(binaries), base, ids, str(shape)], extra=[pack, *partitions]
+                )
+            except IndexReshaped as reshaped:
+                self._index_shapes[shard] = reshaped.shape
+                continue
+            if int(reply[0]) >= 0:
+                self._relay_wake(shard, reply[3])
+            return
 
     def promote_direct(
         self, routes: Mapping[str, ListTarget], batch: int, promoter_id: str, *, shard: int = 0

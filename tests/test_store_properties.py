@@ -10,7 +10,9 @@ against it:
 - ``get()`` reports each id's state, payload and attempts as the model has them.
 
 Due times are either "now" (delay 0) or "far" (an hour), so the model knows what a claim can take. Lease
-expiry: a claim with a 1 ms lease, then a later claim past its deadline takes the expired leases back.
+expiry: a claim with a 1 ms lease, then a later claim past its deadline takes the expired leases back. Half the
+ids are UUIDs, which a park an hour ahead packs (delay_broker.packing); the packed index must hold exactly the
+packed ones, their packs count them, and opening the packs brings them into the ordinary layout unchanged.
 """
 
 from __future__ import annotations
@@ -34,8 +36,9 @@ from hypothesis.stateful import (
 
 from delay_broker import DelayStore, Envelope, ListTarget
 from delay_broker.embedded import EmbeddedRedis
+from delay_broker.packing import NOT_PACKABLE, Location, binary_id
 
-IDS = [f"id-{n}" for n in range(6)]
+IDS = [f"id-{n}" for n in range(3)] + [str(uuid.UUID(int=n + 1, version=4)) for n in range(3)]
 MAX_ATTEMPTS = 3
 ids = st.sampled_from(IDS)
 id_lists = st.lists(ids, min_size=1, max_size=4)
@@ -51,6 +54,7 @@ class Entry:
     ready: bool = True  # due now (claimable) rather than in an hour
     deadline: int = 0  # lease deadline while in flight
     attempts: int = 0
+    packed: bool = False
 
 
 class StoreMachine(RuleBasedStateMachine):
@@ -92,6 +96,9 @@ class StoreMachine(RuleBasedStateMachine):
     def _ready(self) -> set[str]:
         return {id for id, entry in self.model.items() if entry.state == "due" and entry.ready}
 
+    def _packed(self) -> set[str]:
+        return {id for id, entry in self.model.items() if entry.packed}
+
     @initialize(chosen=st.lists(ids, min_size=1, max_size=6, unique=True))
     def park_some_due_now(self, chosen: list[str]) -> None:
         for id in chosen:
@@ -116,9 +123,10 @@ class StoreMachine(RuleBasedStateMachine):
         assert result.outcome == ("replaced" if existing else "new")
         if existing is not None and existing.state == "inflight":
             self.counters["promoted"] += 1  # its delivery was under way: counted as promoted by the re-park
-        self.model[id] = Entry("due", payload, ready=now)
+        self.model[id] = Entry("due", payload, ready=now, packed=not now and binary_id(id) != NOT_PACKABLE)
         self.counters["parked"] += 1
         TALLY["parks"] += 1
+        TALLY["packed parks"] += self.model[id].packed
 
     @rule(id=ids)
     def cancel(self, id: str) -> None:
@@ -137,7 +145,19 @@ class StoreMachine(RuleBasedStateMachine):
             assert result is None
         else:
             assert result is not None
-            entry.ready = now
+            entry.ready, entry.packed = now, not now and binary_id(id) != NOT_PACKABLE
+
+    @precondition(lambda self: any(entry.packed for entry in self.model.values()))
+    @rule()
+    def open_packs(self) -> None:
+        """What promoters do as packed messages come near (here with a lead longer than any delay)."""
+        opener = DelayStore(self.client, namespace=self.store.keys.namespace, pack_after=86400 * 365)
+        assert opener.open_packs(0) is None
+        opened = [entry for entry in self.model.values() if entry.packed]
+        for entry in opened:
+            entry.packed = False
+        self.counters["opened"] += len(opened)
+        TALLY["opened"] += len(opened)
 
     # -- promoters -----------------------------------------------------------------------------------------
 
@@ -272,12 +292,32 @@ class StoreMachine(RuleBasedStateMachine):
         dead = {m.decode() for m in self.client.zrange(k.dead, 0, -1)}
         assert not (due & inflight or due & dead or inflight & dead), "an id in two states"
         by_state = {s: {id for id, e in self.model.items() if e.state == s} for s in ("due", "inflight", "dead")}
-        assert (due, inflight, dead) == (by_state["due"], by_state["inflight"], by_state["dead"])
+        packed = self._packed()
+        assert (due, inflight, dead) == (by_state["due"] - packed, by_state["inflight"], by_state["dead"])
         present = due | inflight | dead
         assert {f.decode() for f in self.client.hkeys(k.msg)} == present, "payload stored iff the id is"
         assert {f.decode() for f in self.client.hkeys(k.leased)} == inflight
-        assert {f.decode() for f in self.client.hkeys(k.attempts)} <= present
-        assert {f.decode() for f in self.client.hkeys(k.errors)} <= present
+        # A message packed by a reschedule keeps its attempts and error.
+        assert {f.decode() for f in self.client.hkeys(k.attempts)} <= present | packed
+        assert {f.decode() for f in self.client.hkeys(k.errors)} <= present | packed
+
+    @invariant()
+    def packed_index_and_packs(self) -> None:
+        k = self.store.keys
+        index: dict[str, bytes] = {}
+        for key in self.client.scan_iter(match=k.key("packed:*")):
+            for field, location in self.client.hgetall(key).items():
+                index[str(uuid.UUID(bytes=field))] = location
+        assert set(index) == self._packed(), "the index holds exactly the packed ids"
+        live = {name.decode(): int(count) for name, count in self.client.hgetall(k.pack_live).items()}
+        assert sum(live.values()) == len(index) and all(count > 0 for count in live.values())
+        assert set(live) == {name.decode() for name in self.client.zrange(k.packs, 0, -1)}
+        for id, value in index.items():
+            location = Location.from_index(value)
+            base = int(self.client.hget(k.pack_base, location.pack) or 0)
+            record = self.client.lindex(k.pack(location.pack), location.position - base)
+            assert record is not None and record[:16] == uuid.UUID(id).bytes
+            assert record[22:] == self.store.get(id).raw
 
     @invariant()
     def stats_match_the_model(self) -> None:

@@ -33,6 +33,10 @@ NAMES = (
     "schedule_update",
     "find",
     "memory_policy",
+    "open_pack",
+    "find_packed",
+    "split_index",
+    "held",
 )
 
 

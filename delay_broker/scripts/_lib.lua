@@ -378,3 +378,191 @@ local function count_lateness(lateness_key, values)
         redis.call('HINCRBY', lateness_key, bucket > buckets and 'more' or tostring(edges[bucket]), count)
     end
 end
+
+-- Packed records (see delay_broker/packing.py): the id's 16 bytes, the due time in 6 bytes (big-endian ms),
+-- then the envelope as MSG holds it. A record taken out by id is cleared in place (an empty string), so that
+-- the positions of the others stay what the packed index says.
+local PACK_HEADER = 22
+
+-- Entries past which a partition of the packed index asks for a split. Must equal
+-- delay_broker.packing.SPLIT_AT.
+local SPLIT_AT = 128
+
+local function u48_text(n)
+    local bytes = {}
+    for i = 6, 1, -1 do
+        bytes[i] = n % 256
+        n = math.floor(n / 256)
+    end
+    return string.char(unpack(bytes))
+end
+
+-- The due time of a packed record, or nil when the record is too short to hold one.
+local function packed_due(record)
+    local a, b, c, d, e, f = string.byte(record, 17, 22)
+    if not f then
+        return nil
+    end
+    return ((((a * 256 + b) * 256 + c) * 256 + d) * 256 + e) * 256 + f
+end
+
+-- A location as the packed index holds it (12 bytes: the pack's width and slot and the record's position, each
+-- a big-endian u32): the pack's name ('width:slot'), the position, and the location as text
+-- ('width:slot:position', as callers give and take it); nil for anything else.
+local function parse_location(value)
+    if not value or #value ~= 12 then
+        return nil
+    end
+    local width, slot, position = struct.unpack('>I4I4I4', value)
+    local name = width .. ':' .. slot
+    return name, position, name .. ':' .. position
+end
+
+-- The index's 12 bytes for a record of pack `name` at `position`.
+local function location_value(name, position)
+    local width, slot = string.match(name, '^(%d+):(%d+)$')
+    return struct.pack('>I4I4I4', tonumber(width), tonumber(slot), position)
+end
+
+-- The record at a location, or false: the pack's head may have been taken already (PACK_BASE counts it).
+local function packed_record(pack_key, base_key, name, position)
+    local base = tonumber(redis.call('HGET', base_key, name) or '0') or 0
+    if position < base then
+        return false
+    end
+    return redis.call('LINDEX', pack_key, position - base)
+end
+
+-- The partition of the packed index a 16-byte id is in, for the shape 'level:split' (see
+-- delay_broker/packing.py: its hash modulo 2^level, or modulo 2^(level + 1) below split).
+local function index_partition(binary, level, split)
+    local hashed = tonumber(string.sub(redis.sha1hex(binary), 1, 8), 16)
+    local partition = hashed % 2 ^ level
+    if partition < split then
+        partition = hashed % 2 ^ (level + 1)
+    end
+    return partition
+end
+
+-- The packed index's shape as stored: its text ('0:0' when absent), level and split.
+local function index_shape(shape_key)
+    local text = redis.call('GET', shape_key) or '0:0'
+    local level, split = string.match(text, '^(%d+):(%d+)$')
+    return text, tonumber(level or 0), tonumber(split or 0)
+end
+
+-- Where each id of a by-id script is packed, checked against where the caller says (the scripts' last three
+-- ARGV: the index shape the caller placed the ids by, the ids' 16-byte forms run together, 16 zero bytes for
+-- an id never packed, and one location per id, space-separated, '-' for none). KEYS from first_key on hold,
+-- every `stride` keys, an id's index partition and the pack the caller named. Returns a table by id position
+-- of {pack key, name, position, record, partition key, 16-byte id} (false when not packed) and a list of
+-- {partition key, 16-byte id} of index entries that point at no record of their id (left by a hand-made
+-- change: no entry, for every reader, and a script that writes removes them). Or nil, nil and a refusal,
+-- having read only: 'RESHAPED level:split' when the index was split so that an id is in another partition
+-- than the one given, or 'PACKED n location ...' naming where the ids that are elsewhere are now; the caller
+-- calls again with those.
+local function pack_locate(count, first_key, stride, shape, binaries, expected, base_key, shape_key)
+    local none = '\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0\0'
+    local current, level, split = index_shape(shape_key)
+    if current ~= shape then
+        for position = 1, count do
+            local binary = string.sub(binaries, position * 16 - 15, position * 16)
+            local given = string.match(KEYS[first_key + (position - 1) * stride], ':packed:(%d+)$')
+            if binary ~= none and tonumber(given) ~= index_partition(binary, level, split) then
+                return nil, nil, redis.error_reply('RESHAPED ' .. current)
+            end
+        end
+    end
+    local found, stale, moved = {}, {}, {}
+    local position = 0
+    for location in string.gmatch(expected, '%S+') do
+        position = position + 1
+        found[position] = false
+        local binary = string.sub(binaries, position * 16 - 15, position * 16)
+        if position <= count and #binary == 16 and binary ~= none then
+            local key = KEYS[first_key + (position - 1) * stride]
+            local at = redis.call('HGET', key, binary)
+            local name, offset, text = parse_location(at)
+            if name and text ~= location then
+                moved[#moved + 1] = position .. ' ' .. text
+            elseif name then
+                local pack = KEYS[first_key + (position - 1) * stride + 1]
+                local record = packed_record(pack, base_key, name, offset)
+                if record and string.sub(record, 1, 16) == binary then
+                    found[position] = {pack, name, offset, record, key, binary}
+                else
+                    stale[#stale + 1] = {key, binary}
+                end
+            else
+                if at then
+                    stale[#stale + 1] = {key, binary}
+                end
+                if location ~= '-' then
+                    moved[#moved + 1] = position .. ' -'
+                end
+            end
+        end
+    end
+    if position ~= count then
+        return nil, nil, redis.error_reply('ERR delay_broker: ' .. position .. ' packed locations for ' .. count
+            .. ' ids')
+    end
+    if #moved > 0 then
+        return nil, nil, redis.error_reply('PACKED ' .. table.concat(moved, ' '))
+    end
+    return found, stale, nil
+end
+
+-- Appends a message to a pack: its record at the pack's tail, its entry in the index partition, the pack's
+-- earliest due time and count. Returns whether the partition now holds more than SPLIT_AT entries (the
+-- caller asks for a split).
+local function pack_append(partition, pack, name, binary, due, envelope, packs_key, base_key, live_key)
+    local base = tonumber(redis.call('HGET', base_key, name) or '0') or 0
+    local length = redis.call('RPUSH', pack, binary .. u48_text(due) .. envelope)
+    redis.call('HSET', partition, binary, location_value(name, base + length - 1))
+    redis.call('ZADD', packs_key, 'LT', due, name)
+    redis.call('HINCRBY', live_key, name, 1)
+    return redis.call('HLEN', partition) > SPLIT_AT
+end
+
+-- Removes the index entries pack_locate found pointing at no record of their id.
+local function drop_stale(stale)
+    for _, entry in ipairs(stale) do
+        redis.call('HDEL', entry[1], entry[2])
+    end
+end
+
+-- Takes a located message (from pack_locate) out of its pack: its record is cleared, its index entry removed,
+-- and a pack left with no message is dropped whole (then true is returned).
+local function pack_take(place, packs_key, base_key, live_key)
+    local pack, name, position = place[1], place[2], place[3]
+    local base = tonumber(redis.call('HGET', base_key, name) or '0') or 0
+    redis.call('LSET', pack, position - base, '')
+    redis.call('HDEL', place[5], place[6])
+    -- Exactly none left: a count spoiled by hand (below zero) must not drop records still packed.
+    if redis.call('HINCRBY', live_key, name, -1) == 0 then
+        redis.call('DEL', pack)
+        redis.call('HDEL', base_key, name)
+        redis.call('HDEL', live_key, name)
+        redis.call('ZREM', packs_key, name)
+        return true
+    end
+    return false
+end
+
+-- wrong_type for the packed index partitions (hashes) and packs (lists) a by-id script was given: `count`
+-- ids, each with `stride` keys from first_key on, the first a partition and the others packs (or PACKS, a
+-- placeholder checked on its own).
+local function packed_keys_wrong_type(count, first_key, stride)
+    local spec = {}
+    for n = 1, count do
+        local at = first_key + (n - 1) * stride
+        spec[#spec + 1] = KEYS[at]
+        spec[#spec + 1] = string.find(KEYS[at], ':packed:%d+$') and 'hash' or 'zset'
+        for k = 1, stride - 1 do
+            spec[#spec + 1] = KEYS[at + k]
+            spec[#spec + 1] = string.find(KEYS[at + k], ':pack:%d+:%d+$') and 'list' or 'zset'
+        end
+    end
+    return wrong_type(unpack(spec))
+end

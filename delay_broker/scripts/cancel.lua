@@ -8,29 +8,50 @@
 --   ATTEMPTS  HASH id -> failed attempts
 --   ERRORS    HASH id -> last error
 --   STATS     HASH counters
+--   PACKS     ZSET pack name -> earliest due ms of its records (see park.lua)
+--   PACK_BASE HASH pack name -> records taken from its head
+--   PACK_LIVE HASH pack name -> messages packed in it
+--   PACKED_SHAPE  STRING the packed index's shape
+-- KEYS after the shard's, two per id: its packed index partition and the pack it is said to be in (pack_locate)
 -- ARGV[1] 'cancel', or 'replace': the messages are replaced by far-tier rows of the same ids, so a copy a
 --         promoter holds goes too, as park.lua replaces one (its delivery is under way or done: counted as
 --         promoted here, for the promoter's ack will find no lease to count)
--- ARGV[2..] ids
+-- ARGV[2..#ARGV - 3] ids
+-- ARGV[#ARGV - 2] .. ARGV[#ARGV]: the packed index's shape, the ids' 16-byte forms and their packed locations
+--         (see pack_locate)
 -- Returns one flag per id: 1 = removed, 0 = not parked (unknown, already promoted, or in flight, unless
--- 'replace').
+-- 'replace'); or a refusal of pack_locate, having written nothing.
 
 local replacing = ARGV[1] == 'replace'
+local count = #ARGV - 4
 local problem = denied_command()
     or wrong_type(DUE, 'zset', MSG, 'hash', DEAD, 'zset', ATTEMPTS, 'hash', ERRORS, 'hash',
-        STATS, 'hash')
+        STATS, 'hash', PACKS, 'zset', PACK_BASE, 'hash', PACK_LIVE, 'hash')
     or (replacing and wrong_type(INFLIGHT, 'zset', LEASED, 'hash'))
+    or packed_keys_wrong_type(count, FIRST_EXTRA_KEY, 2)
 if problem then
     return problem
 end
+local places, stale
+places, stale, problem = pack_locate(count, FIRST_EXTRA_KEY, 2, ARGV[#ARGV - 2], ARGV[#ARGV - 1], ARGV[#ARGV],
+    PACK_BASE, PACKED_SHAPE)
+if problem then
+    return problem
+end
+drop_stale(stale)
 
 local result = {}
 local removed = {}
+local taken = {}
 local cancelled, delivered = 0, 0
-for i = 2, #ARGV do
+for i = 2, count + 1 do
     local id = ARGV[i]
     result[i - 1] = 1
-    if redis.call('ZREM', DUE, id) == 1 or redis.call('ZREM', DEAD, id) == 1 then
+    if places[i - 1] and not taken[id] then
+        taken[id] = true
+        pack_take(places[i - 1], PACKS, PACK_BASE, PACK_LIVE)
+        cancelled = cancelled + 1
+    elseif redis.call('ZREM', DUE, id) == 1 or redis.call('ZREM', DEAD, id) == 1 then
         cancelled = cancelled + 1  -- not counted when replacing: the far row is the same message, parked again
     elseif replacing and redis.call('ZREM', INFLIGHT, id) == 1 then
         redis.call('HDEL', LEASED, id)

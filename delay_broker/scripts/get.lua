@@ -7,17 +7,33 @@
 --   ATTEMPTS  HASH id -> failed attempts
 --   ERRORS    HASH id -> last error
 --   LEASED    HASH id -> due score while in flight
--- ARGV[1] id
+--   PACK_BASE HASH pack name -> records taken from its head
+--   PACKED_SHAPE  STRING the packed index's shape
+-- KEYS after the shard's: the id's packed index partition and the pack it is said to be in (see pack_locate)
+-- ARGV[1] id  ARGV[2] .. ARGV[4]: the packed index's shape, the id's 16-byte form and its packed location
+--         (see pack_locate)
 -- Returns {state ('due' | 'inflight' | 'dead' | 'gone'), due_ms or -1, state time ms (lease deadline or
--- dead-lettered at) or -1, envelope or false, attempts, last error or false}.
+-- dead-lettered at) or -1, envelope or false, attempts, last error or false}; or a refusal of pack_locate.
 
 local problem = wrong_type(DUE, 'zset', INFLIGHT, 'zset', DEAD, 'zset', MSG, 'hash', ATTEMPTS, 'hash',
-    ERRORS, 'hash', LEASED, 'hash')
+    ERRORS, 'hash', LEASED, 'hash', PACK_BASE, 'hash') or packed_keys_wrong_type(1, FIRST_EXTRA_KEY, 2)
 if problem then
     return problem
 end
-
+local places, stale
+places, stale, problem = pack_locate(1, FIRST_EXTRA_KEY, 2, ARGV[2], ARGV[3], ARGV[4], PACK_BASE, PACKED_SHAPE)
+if problem then
+    return problem
+end
 local id = ARGV[1]
+if places[1] then
+    -- A message packed by a reschedule keeps the attempts and error it had, as in the ordinary layout.
+    local record = places[1][4]
+    local attempts = tonumber(redis.call('HGET', ATTEMPTS, id) or 0) or 0
+    return {'due', packed_due(record) or -1, -1, string.sub(record, PACK_HEADER + 1), attempts,
+        redis.call('HGET', ERRORS, id)}
+end
+
 local state, due, at = 'gone', -1, -1
 local score = redis.call('ZSCORE', DUE, id)
 if score then

@@ -1,4 +1,4 @@
--- park.lua: park one or more messages (ZADD due + HSET msg), all or nothing.
+-- park.lua: park one or more messages (ZADD due + HSET msg, or a record appended to a pack), all or nothing.
 -- KEYS: one shard's keys in delay_broker.keys.SCRIPT_KEYS order, named by the prelude. Uses:
 --   DUE       ZSET id -> score
 --   MSG       HASH id -> envelope
@@ -13,6 +13,12 @@
 --             other value is a malformed record, refused)
 --   SCHEDULES_REV  STRING revision of the runtime schedules' definitions
 --   MOVED     ZSET far-tier token -> when its message was moved in (adopting, or replacing far rows)
+--   PACKS     ZSET pack name -> earliest due ms of its records
+--   PACK_BASE HASH pack name -> records taken from its head
+--   PACK_LIVE HASH pack name -> messages packed in it
+--   PACKED_SHAPE  STRING the packed index's shape (see pack_locate)
+-- KEYS after the shard's, three per message: its packed index partition, the pack the caller says it is packed
+--   in (see pack_locate), and the pack to append it to if it is due far enough ahead (PACKS when none).
 -- ARGV[1] on_conflict: 'replace' (reschedule and replace the payload) or 'keep' (leave an existing id alone)
 -- ARGV[2] max_due_ms: latest due time accepted
 -- ARGV[3] schedule: '' or the name of a recurring schedule. With a name the call parks one occurrence, and
@@ -30,13 +36,20 @@
 --         token is recorded (again), so that a row moved in is never moved in twice (nor run twice).
 --         Not adopting: '' or the tokens of the far rows this park replaces, whose delete commits only after
 --         it; they are recorded in MOVED, so that a row whose delete failed is never moved in after all.
--- ARGV[8..] groups of 4: id, kind ('d' = delay in ms from Redis TIME, 'a' = absolute due ms), value, envelope
+-- ARGV[8] pack_after: ms; a message due at least half this from now is packed when given a pack, -1 never
+-- ARGV[9..] groups of 4: id, kind ('d' = delay in ms from Redis TIME, 'a' = absolute due ms), value, envelope
+-- ARGV[#ARGV - 2] .. ARGV[#ARGV]: the packed index's shape, the ids' 16-byte forms and their packed locations
+--         (see pack_locate)
 -- Returns a flat list, two entries per message: due_ms, outcome (1 = new, 2 = replaced, 0 = kept existing;
 -- for a kept message due_ms is its current due time, or -1 when it is in flight or dead; for a refused
 -- occurrence, the due time of the latest occurrence parked for its schedule; outcome 3 = refused, the schedules
--- revision changed; outcome 4 = skipped, moved in before); then 1 if WAKE was pushed, else 0.
+-- revision changed; outcome 4 = skipped, moved in before); then 1 if WAKE was pushed, else 0; then how many
+-- index partitions this call filled past SPLIT_AT (the caller splits as many). Or a refusal of pack_locate,
+-- having written nothing.
 
-local FIRST_GROUP = 8
+local FIRST_GROUP = 9
+local LAST_GROUP = #ARGV - 3
+local pack_after = tonumber(ARGV[8])
 local replace = ARGV[1] == 'replace'
 local max_due = tonumber(ARGV[2])
 local schedule = ARGV[3]
@@ -51,7 +64,7 @@ end
 -- Validate everything before writing anything: a script error does not roll back earlier writes.
 local dues = {}
 local count = 0
-for i = FIRST_GROUP, #ARGV, 4 do
+for i = FIRST_GROUP, LAST_GROUP, 4 do
     local value = tonumber(ARGV[i + 2])
     local due = value
     if ARGV[i + 1] == 'd' then
@@ -70,7 +83,7 @@ end
 -- Reads first, writes after, so that a key of the wrong type stops the script before it changes anything. The
 -- reads check the types of the keys they touch for free; only when one fails are all keys examined, to name
 -- the culprit. The keys that are only written get a TYPE check each, and only when they are about to be.
-local held, head, tokens, moved
+local held, head, tokens, moved, places, stale, packing
 local read_ok, read_error = pcall(function()
     held = {}
     moved = {}
@@ -81,14 +94,27 @@ local read_ok, read_error = pcall(function()
             moved[#tokens] = redis.call('ZSCORE', MOVED, token) ~= false
         end
     end
-    -- An id given twice meets the first group's outcome, as if parked by two calls in order.
-    local earlier = {}
+    local problem
+    places, stale, problem = pack_locate(count, FIRST_EXTRA_KEY, 3, ARGV[#ARGV - 2], ARGV[#ARGV - 1], ARGV[#ARGV],
+        PACK_BASE, PACKED_SHAPE)
+    if problem then
+        error(problem)
+    end
+    -- An id given twice meets the first group's outcome, as if parked by two calls in order; it is not packed.
+    local earlier, times, targets = {}, {}, {}
+    packing = {}
+    for n = 1, count do
+        local id = ARGV[FIRST_GROUP + (n - 1) * 4]
+        times[id] = (times[id] or 0) + 1
+    end
     for n = 1, count do
         local id = ARGV[FIRST_GROUP + (n - 1) * 4]
         -- A new id costs two lookups: every parked, leased or dead message has its envelope in MSG, except a
-        -- dead letter whose envelope had gone missing.
+        -- dead letter whose envelope had gone missing; a packed one has its entry in the packed index.
         if earlier[id] then
             held[n] = earlier[id]
+        elseif places[n] then
+            held[n] = packed_due(places[n][4]) or -1
         elseif redis.call('HEXISTS', MSG, id) == 1 then
             local existing = redis.call('ZSCORE', DUE, id)
             if existing then
@@ -102,12 +128,34 @@ local read_ok, read_error = pcall(function()
         if not moved[n] then
             earlier[id] = (held[n] and not replace) and held[n] or dues[n]
         end
+        local target = KEYS[FIRST_EXTRA_KEY + (n - 1) * 3 + 2]
+        if pack_after >= 0 and target ~= PACKS and times[id] == 1 and dues[n] - now >= pack_after / 2 then
+            local name = string.match(target, ':pack:(%d+:%d+)$')
+            if name then
+                packing[n] = name
+                if not targets[name] then
+                    targets[name] = true
+                    redis.call('LLEN', target)  -- its type, before anything is written
+                end
+            end
+        end
+    end
+    if next(targets) then
+        redis.call('ZCARD', PACKS)
+        redis.call('HLEN', PACK_LIVE)
+        redis.call('HLEN', PACK_BASE)
     end
     head = head_due(DUE)
 end)
 if not read_ok then
-    -- A key of the wrong type, named; else the refusal as raised.
-    return wrong_type(MSG, 'hash', DUE, 'zset', INFLIGHT, 'zset', DEAD, 'zset', MOVED, 'zset')
+    -- A refusal of pack_locate as it made it; else a key of the wrong type, named; else the refusal as raised.
+    local refusal = type(read_error) == 'table' and read_error.err
+    if refusal and (string.find(refusal, '^PACKED ') or string.find(refusal, '^RESHAPED ')) then
+        return read_error
+    end
+    return wrong_type(MSG, 'hash', DUE, 'zset', INFLIGHT, 'zset', DEAD, 'zset', MOVED, 'zset', PACKS, 'zset',
+        PACK_BASE, 'hash', PACK_LIVE, 'hash')
+        or packed_keys_wrong_type(count, FIRST_EXTRA_KEY, 3)
         or redis.error_reply(type(read_error) == 'table' and tostring(read_error.err) or tostring(read_error))
 end
 
@@ -143,8 +191,8 @@ local writing, replacing, earliest = 0, false, false
 for n = 1, count do
     if not moved[n] and (not held[n] or replace) then
         writing = writing + 1
-        replacing = replacing or held[n] ~= nil
-        if not earliest or dues[n] < earliest then
+        replacing = replacing or (held[n] ~= nil and not places[n])
+        if not packing[n] and (not earliest or dues[n] < earliest) then
             earliest = dues[n]
         end
     end
@@ -164,11 +212,14 @@ if writing > 0 then
     end
 end
 
+drop_stale(stale)
 if schedule ~= '' then
     redis.call('HSET', CRON, schedule, dues[1])
 end
 local result = {}
 local delivered = 0
+local taken = {}
+local filled = {}
 for n = 1, count do
     local i = FIRST_GROUP + (n - 1) * 4
     local id = ARGV[i]
@@ -179,7 +230,10 @@ for n = 1, count do
         result[#result + 1] = held[n]
         result[#result + 1] = 0
     else
-        if held[n] then
+        if places[n] and not taken[id] then
+            taken[id] = true
+            pack_take(places[n], PACKS, PACK_BASE, PACK_LIVE)
+        elseif held[n] and not places[n] then
             -- Parked again while a promoter holds it: its delivery is under way or done (a Dramatiq retry
             -- re-parks the same id), and that promoter's ack will find no lease to count. Count it here.
             delivered = delivered + redis.call('ZREM', INFLIGHT, id)
@@ -187,9 +241,23 @@ for n = 1, count do
             redis.call('ZREM', DEAD, id)
             redis.call('HDEL', ATTEMPTS, id)
             redis.call('HDEL', ERRORS, id)
+            if packing[n] then
+                redis.call('ZREM', DUE, id)
+                redis.call('HDEL', MSG, id)
+            end
         end
-        redis.call('ZADD', DUE, fifo_score(DUE, dues[n]), id)
-        redis.call('HSET', MSG, id, ARGV[i + 3])
+        local name = packing[n]
+        if name then
+            local partition = KEYS[FIRST_EXTRA_KEY + (n - 1) * 3]
+            if pack_append(partition, KEYS[FIRST_EXTRA_KEY + (n - 1) * 3 + 2], name,
+                    string.sub(ARGV[#ARGV - 1], n * 16 - 15, n * 16), dues[n], ARGV[i + 3], PACKS, PACK_BASE,
+                    PACK_LIVE) then
+                filled[partition] = true
+            end
+        else
+            redis.call('ZADD', DUE, fifo_score(DUE, dues[n]), id)
+            redis.call('HSET', MSG, id, ARGV[i + 3])
+        end
         result[#result + 1] = dues[n]
         result[#result + 1] = held[n] and 2 or 1
     end
@@ -214,4 +282,9 @@ if woke == 1 then
     wake_one(WAKE)
 end
 result[#result + 1] = woke
+local over = 0
+for _ in pairs(filled) do
+    over = over + 1
+end
+result[#result + 1] = over
 return result
