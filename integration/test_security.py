@@ -56,6 +56,7 @@ CLIENT_COMMANDS = (
     "zrem",  # a stopped promoter removes its heartbeat (also used inside scripts)
     "del",  # ... and its stop marker
     "ping",  # health checks of clients made by DelayStore.from_url (health_check_interval)
+    "hvals",  # the packed index sized before a split
 )
 SCRIPT_COMMANDS = (
     "time",
@@ -78,8 +79,14 @@ SCRIPT_COMMANDS = (
     "hexists",
     "hincrby",
     "hgetall",
-    "rpush",  # targets in "rpush" and "hash" mode
+    "rpush",  # targets in "rpush" and "hash" mode; packs
     "lrem",  # a wake token is kept once per shard
+    "lindex",  # packs: a packed message read by id
+    "lset",  # ... and taken out of its pack
+    "lrange",  # ... listed, and opened
+    "ltrim",  # ... its pack's head dropped once opened
+    "llen",  # ... a pack's type checked before the first write
+    "hlen",  # ... a partition of the packed index found full
 )
 """Commands Redis runs for delay_broker: Redis checks a script's own calls against the ACL too."""
 
@@ -118,6 +125,16 @@ def exercise(store: DelayStore, client: redis.Redis, targets: dict[str, ListTarg
     assert store.get("far") is not None
     store.reschedule("far", delay=60)
     store.cancel("far")
+    # Packed messages (due at least pack_after ahead, UUID ids), enough to split the packed index, then opened.
+    packed = [str(uuid.UUID(int=n + 1, version=4)) for n in range(200)]
+    store.park_many([ParkRequest(id, ready, delay=3600) for id in packed])
+    store.park(packed[0], ready, delay=7200, on_conflict="keep")
+    assert store.get(packed[1]) is not None
+    store.reschedule(packed[2], delay=7200)
+    store.cancel(packed[3])
+    assert Operations(store).count(MessageFilter(queue="ready")).matched >= 196
+    opener = DelayStore(client, namespace=store.keys.namespace, pack_after=86400 * 365)  # opens every pack now
+    assert opener.open_packs(0) is None and store.stats().packed == 0
     store.park("doomed", ready, delay=0)
     claim = store.claim(10, lease=30, promoter_id="p")
     store.nack(claim.lease_deadline_ms, [(m.id, "x", "dead") for m in claim.messages])
