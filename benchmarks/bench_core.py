@@ -77,10 +77,15 @@ MEMORY_PAYLOAD = 250
 """Payload size of the memory measures (the issue's reference point)."""
 
 
-def bytes_per_parked(client: redis.Redis, count: int, record_version: int = 2) -> float:
+def bytes_per_parked(
+    client: redis.Redis, count: int, record_version: int = 2, pack_after: float | None = 300.0
+) -> float:
     """Redis memory per parked message beyond its payload: ``count`` Dramatiq-shaped messages (uuid ids, actor
-    name, a uuid hash field, 250-byte payloads) parked an hour ahead, in records of ``record_version``."""
-    store = DelayStore(client, namespace=f"mem-{uuid.uuid4().hex[:6]}", record_version=record_version)
+    name, a uuid hash field, 250-byte payloads) parked an hour ahead, in records of ``record_version``; packed
+    (the default) or, with ``pack_after=None``, in the ordinary layout."""
+    store = DelayStore(
+        client, namespace=f"mem-{uuid.uuid4().hex[:6]}", record_version=record_version, pack_after=pack_after
+    )
     payload = b"p" * MEMORY_PAYLOAD
     before = int(client.info("memory")["used_memory"])
     for start in range(0, count, 10_000):

@@ -314,11 +314,14 @@ def run_rss(report: Report, s: Sizes, env: dict[str, Any]) -> None:
 def run_memory(report: Report, s: Sizes, env: dict[str, Any]) -> None:
     client = env["redis"].client()
     ours = bench_core.bytes_per_parked(client, s.memory)
-    json_records = bench_core.bytes_per_parked(client, s.memory, record_version=1)
+    ordinary = bench_core.bytes_per_parked(client, s.memory, pack_after=None)
+    json_records = bench_core.bytes_per_parked(client, s.memory, record_version=1, pack_after=None)
     floor = bench_core.bytes_per_parked_floor(client, s.memory)
     size = f"{s.memory:,} x {bench_core.MEMORY_PAYLOAD} B"
     report.add(f"6. Redis bytes per parked msg beyond payload ({size})", ours, floor, "bytes_per_parked", ours)
-    report.add(f"6. the same with JSON-header records ({size})", json_records, floor, "bytes_per_parked_json",
+    report.add(f"6. the same, not packed (pack_after=None, {size})", ordinary, floor, "bytes_per_parked_ordinary",
+               ordinary)  # fmt: skip
+    report.add(f"6. not packed, with JSON-header records ({size})", json_records, floor, "bytes_per_parked_json",
                json_records)  # fmt: skip
     report.values["bytes_per_parked_floor"] = floor
     client.close()

@@ -42,7 +42,7 @@ if TYPE_CHECKING:
 logger = logging.getLogger("delay_broker.metrics")
 
 PREFIX = "delay_broker"
-STORE_EVENTS = ("parked", "promoted", "dead_lettered", "dead_dropped", "retried", "cancelled", "requeued")
+STORE_EVENTS = ("parked", "promoted", "dead_lettered", "dead_dropped", "retried", "cancelled", "requeued", "opened")
 """The store-wide counters :class:`StoreCollector` exposes (``delay_broker_store_events_total``)."""
 
 LATENESS_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0)
@@ -236,6 +236,7 @@ class ListenerChain:
 
 _GAUGES: tuple[tuple[str, str], ...] = (
     ("parked_messages", "Messages parked (waiting for their due time or overdue), i.e. the store's depth."),
+    ("packed_messages", "Of the parked messages, those kept in packs (due at least pack_after ahead when parked)."),
     ("inflight_messages", "Messages claimed by an at-least-once promoter and not yet acknowledged."),
     ("dead_messages", "Dead-lettered messages (see: delay-broker dead ls)."),
     ("overdue_messages", "Parked messages whose due time has passed (not yet promoted)."),
@@ -307,6 +308,7 @@ class StoreCollector:
                 continue
             values = {
                 "parked_messages": stats.parked,
+                "packed_messages": stats.packed,
                 "inflight_messages": stats.inflight,
                 "dead_messages": stats.dead,
                 "overdue_messages": stats.overdue,

@@ -7,7 +7,8 @@ of one shard per call, in index order, and applies the structural filters in Red
 on the decoded payloads of what matched. Pages carry a cursor (per shard: where its scan stands), so the next
 page goes on from there and a page costs the same at the start of a million messages as anywhere else. With a
 far tier, parked messages are also looked for in its table, one more source after the shards: PostgreSQL
-applies the window and the structural filters, the text filter runs here as for Redis.
+applies the window and the structural filters, the text filter runs here as for Redis. Packed messages (see
+:mod:`delay_broker.packing`) are one more source per shard, read before the shard's index.
 
 Bulk actions (cancel, run now, reschedule, requeue dead, purge dead) take ids or a filter; a filter is first
 turned into ids (a full scan, in chunks), then acted on in server-side batches of up to 1,000 ids per script
@@ -254,9 +255,10 @@ class Operations:
 
     def _sources(self, filter: MessageFilter) -> list[tuple[Source, int]]:
         """Where messages of ``filter.state`` are, in the order they are read: for parked messages every shard's
-        packs, then every shard's index, then the far tier's table; else every shard's index. A message moves
-        only from the table into Redis and from a pack into the index, so a full scan in this order meets each
-        one that is there throughout (the table is read as of before Redis is, see :meth:`_snapshot`)."""
+        packs, then every shard's index, then the far tier's table; else every shard's index. Sweepers move
+        messages only from the table into Redis and promoters only from a pack into the index, so a full scan
+        in this order is not made to miss one by them (the table is read as of before Redis is, see
+        :meth:`_snapshot`)."""
         shards = range(len(self.store.shards))
         if filter.state != "due":
             return [("index", shard) for shard in shards]

@@ -120,7 +120,9 @@ def exercise(store: DelayStore, client: redis.Redis, targets: dict[str, ListTarg
     store.promote_direct(targets, 1000, "p")
     store.stats()
     store.list_messages("due")
+    store.park("far-too", ready, delay=600)  # two parked whatever was promoted: the next page goes on by position
     page = Operations(store).find(MessageFilter(queue="ready"), limit=1)
+    assert page.cursor is not None
     Operations(store).find(MessageFilter(queue="ready"), cursor=page.cursor, limit=1)
     assert store.get("far") is not None
     store.reschedule("far", delay=60)

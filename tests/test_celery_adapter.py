@@ -82,6 +82,8 @@ def store_of(app: Celery, server: EmbeddedRedis) -> DelayStore:
         ({"metrics_port": "9100"}, "'metrics_port' must be an integer"),
         ({"metrics_port": 70000}, "'metrics_port' must be an integer"),
         ({"max_payload_bytes": 0}, "'max_payload_bytes' must be an integer"),
+        ({"pack_after": 5}, "'pack_after' must be finite and >= 10"),
+        ({"pack_after": "300"}, "'pack_after' must be a number"),
         ("threshold=5", "must be a dict"),
     ],
 )
@@ -99,6 +101,8 @@ def test_default_thresholds_per_transport() -> None:
     )
     assert parse_options({"threshold": 5}).threshold_for("sqs") == 5
     assert parse_options({"max_payload_bytes": 4_000_000}).store_options()["max_payload_bytes"] == 4_000_000
+    assert parse_options({}).store_options()["pack_after"] == 300
+    assert parse_options({"pack_after": None}).store_options()["pack_after"] is None
 
 
 def test_install_fails_at_once_on_bad_configuration(redis_server: EmbeddedRedis) -> None:

@@ -19,7 +19,7 @@ from typing import Any, Literal
 from ..connect import check_url
 from ..errors import ConfigurationError
 from ..keys import MAX_SHARDS, Keyspace
-from ..store import DEFAULT_MAX_PAYLOAD
+from ..store import DEFAULT_MAX_PAYLOAD, DEFAULT_PACK_AFTER_MS
 
 logger = logging.getLogger("delay_broker.celery")
 
@@ -75,6 +75,7 @@ class CeleryOptions:
     far_tier: str | None = None
     far_horizon: float | None = None
     max_payload_bytes: int = DEFAULT_MAX_PAYLOAD
+    pack_after: float | None = DEFAULT_PACK_AFTER_MS / 1000
 
     def store_options(self) -> dict[str, Any]:
         """The :class:`~delay_broker.store.DelayStore` arguments these options give."""
@@ -90,6 +91,7 @@ class CeleryOptions:
             "far_tier": self.far_tier,
             "far_horizon": self.far_horizon,
             "max_payload_bytes": self.max_payload_bytes,
+            "pack_after": self.pack_after,
         }
 
     def threshold_for(self, kind: Kind) -> float:
@@ -169,6 +171,8 @@ def parse_options(raw: object) -> CeleryOptions:
             values[name] = value
         elif name in ("max_delay", "dead_max_age", "far_horizon"):
             values[name] = None if value is None else _seconds(name, value, minimum=0.0, inclusive=False)
+        elif name == "pack_after":
+            values[name] = None if value is None else _seconds(name, value, minimum=10.0, inclusive=True)
         elif name == "dead_max_count":
             values[name] = None if value is None else _int(name, value, 0, 2**53)
         elif name == "max_payload_bytes":

@@ -203,6 +203,7 @@ def stats_record(stats: StoreStats, namespace: str) -> dict[str, Any]:
         "now": iso_time(stats.now_ms),
         "parked": stats.parked,
         "far": stats.far,
+        "packed": stats.packed,
         "inflight": stats.inflight,
         "dead": stats.dead,
         "overdue": stats.overdue,

@@ -72,8 +72,10 @@ def stats(redis_url: str | None, namespace: str, as_json: bool) -> None:
     summary.add_column("measure")
     summary.add_column("value", justify="right")
     summary.add_column("note")
-    far_note = f"{snapshot.far:,} of them in the far tier (PostgreSQL)" if session.store.far_tier else ""
-    summary.add_row("parked", f"{snapshot.parked:,}", far_note)
+    notes = [f"{snapshot.packed:,} of them in packs"] if snapshot.packed else []
+    if session.store.far_tier:
+        notes.append(f"{snapshot.far:,} in the far tier (PostgreSQL)")
+    summary.add_row("parked", f"{snapshot.parked:,}", ", ".join(notes))
     summary.add_row("in flight", f"{snapshot.inflight:,}", "claimed by a promoter, not yet acknowledged")
     summary.add_row("dead", f"{snapshot.dead:,}", "see: delay-broker dead ls" if snapshot.dead else "")
     summary.add_row("overdue", f"{snapshot.overdue:,}", "due but not yet promoted")
