@@ -20,6 +20,10 @@ MAX_DUE_MS = 2**53 // FIFO_SLOTS - 1
 
 Delay = float | int | timedelta
 
+_NO_TIME = timedelta(0)
+_MICROSECOND = timedelta(microseconds=1)
+_MAX_DUE_UNITS = {"seconds": MAX_DUE_MS // 1000, "milliseconds": MAX_DUE_MS}
+
 _EPOCH = datetime(1970, 1, 1, tzinfo=timezone.utc)
 _EARLIEST_SHOWN_MS = (datetime(1, 1, 2, tzinfo=timezone.utc) - _EPOCH) // timedelta(milliseconds=1)
 _LATEST_SHOWN_MS = (datetime(9999, 12, 30, tzinfo=timezone.utc) - _EPOCH) // timedelta(milliseconds=1)
@@ -33,11 +37,13 @@ def delay_to_ms(delay: object, unit: Literal["seconds", "milliseconds"] = "secon
     values and delays past :data:`MAX_DUE_MS`.
     """
     per_unit = 1000 if unit == "seconds" else 1
+    if type(delay) is int and 0 <= delay <= _MAX_DUE_UNITS[unit]:  # the common case, first
+        return delay * per_unit
     too_large = InvalidDelay("delay is too large: past the latest supported due time (2248-09-26T15:10:22Z)")
     if isinstance(delay, timedelta):
-        if delay < timedelta(0):  # checked before rounding up: -999 us would round to an accepted 0 ms
+        if delay < _NO_TIME:  # checked before rounding up: -999 us would round to an accepted 0 ms
             raise InvalidDelay(f"delay must not be negative, got {delay}")
-        millis = -(-(delay // timedelta(microseconds=1)) // 1000)
+        millis = -(-(delay // _MICROSECOND) // 1000)
     elif isinstance(delay, bool) or not isinstance(delay, numbers.Real | Decimal):
         raise InvalidDelay(f"delay must be a number of {unit} or a timedelta, got {type(delay).__name__}")
     elif isinstance(delay, numbers.Integral):

@@ -24,6 +24,7 @@ read, listed and promoted as before.
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import struct
@@ -68,11 +69,8 @@ class Envelope:
             raise ValueError(f"envelope version must be 1 or 2, got {version!r}")
         if not 0 <= parked_at < 1 << 48:
             raise InvalidMessage(f"parked-at {parked_at} ms is out of range")
-        flags = 0
-        parts = [_short(self.framework.encode(), "framework", 0xFF), _short(self.route.encode(), "route")]
-        if self.name is not None:
-            flags |= _NAME
-            parts.append(_short(self.name.encode(), "name"))
+        flags, fields = _leading_fields(self.framework, self.route, self.name)
+        parts = [fields]
         if self.hash_field is not None:
             flags |= _HASH_FIELD
             if _CANONICAL_UUID.fullmatch(self.hash_field):
@@ -154,6 +152,16 @@ class Envelope:
             extra=extra,
             version=1,
         )
+
+
+@functools.lru_cache(maxsize=1024)
+def _leading_fields(framework: str, route: str, name: str | None) -> tuple[int, bytes]:
+    """The flags and bytes of a version 2 header's framework, route and name: the same for every message of an
+    actor, so each is encoded once."""
+    fields = _short(framework.encode(), "framework", 0xFF) + _short(route.encode(), "route")
+    if name is None:
+        return 0, fields
+    return _NAME, fields + _short(name.encode(), "name")
 
 
 def _short(data: bytes, what: str, limit: int = 0xFFFF) -> bytes:

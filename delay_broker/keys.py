@@ -4,13 +4,14 @@ Every key of a shard carries the same Redis Cluster hash tag, so each Lua script
 0 of a namespace is tagged ``{namespace}`` (the layout of unsharded stores); shard ``i`` gets a tag of its own
 chosen so that the shards' slots are spread evenly over the 16384 slots (see :func:`shard_tag`). This module
 is the only place that spells key names, and :data:`SCRIPT_KEYS` the only place that orders them: every
-script receives one shard's keys in that order, so a shard is just another key set.
+script receives the keys of one shard it names, in that order, so a shard is just another key set.
 """
 
 from __future__ import annotations
 
 import re
 import zlib
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from functools import cache, cached_property
 
@@ -45,10 +46,12 @@ SCRIPT_KEYS = (
 """The keys of a shard, in the order every script receives them as KEYS (Lua names them in upper case)."""
 
 
-def lua_key_names() -> str:
-    """The Lua prelude naming each key of :data:`SCRIPT_KEYS` (``local DUE = KEYS[1]`` ...)."""
-    lines = [f"local {name.upper()} = KEYS[{n}]" for n, name in enumerate(SCRIPT_KEYS, start=1)]
-    lines.append(f"local FIRST_EXTRA_KEY = {len(SCRIPT_KEYS) + 1}  -- route targets, a promoter's own wake list")
+def lua_key_names(names: Iterable[str] = SCRIPT_KEYS) -> str:
+    """The Lua prelude naming the keys a script receives: ``names``, of :data:`SCRIPT_KEYS` and in its order
+    (``local DUE = KEYS[1]`` ...), then where the keys of the call's own begin."""
+    used = [name for name in SCRIPT_KEYS if name in set(names)]
+    lines = [f"local {name.upper()} = KEYS[{n}]" for n, name in enumerate(used, start=1)]
+    lines.append(f"local FIRST_EXTRA_KEY = {len(used) + 1}  -- route targets, packs, a promoter's own wake list")
     return "\n".join(lines) + "\n"
 
 
@@ -125,8 +128,20 @@ class Keyspace:
 
     @cached_property
     def script_keys(self) -> tuple[str, ...]:
-        """The KEYS every script of this shard receives, in :data:`SCRIPT_KEYS` order."""
+        """Every key of this shard that scripts take, in :data:`SCRIPT_KEYS` order."""
         return tuple(self.key(name) for name in SCRIPT_KEYS)
+
+    def keys_of(self, names: frozenset[str]) -> tuple[str, ...]:
+        """The KEYS a script using ``names`` receives: those of this shard, in :data:`SCRIPT_KEYS` order (each
+        script gets only the keys it names: every key sent costs every call)."""
+        found = self._keys_by_use.get(names)
+        if found is None:
+            found = self._keys_by_use[names] = tuple(self.key(name) for name in SCRIPT_KEYS if name in names)
+        return found
+
+    @cached_property
+    def _keys_by_use(self) -> dict[frozenset[str], tuple[str, ...]]:
+        return {}
 
     def all(self) -> list[str]:
         """Every fixed key of the shard (per-promoter stop markers expire by themselves)."""

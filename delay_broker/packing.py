@@ -125,6 +125,12 @@ class IndexShape:
         partition = hashed % (1 << self.level)
         return hashed % (2 << self.level) if partition < self.split else partition
 
+    def splits_to(self, partition: int) -> int:
+        """How many splits, the next ones in line, split ``partition`` (one of this shape)."""
+        if partition >= self.split:
+            return partition - self.split + 1
+        return (1 << self.level) - self.split + partition + 1
+
     def splits(self, count: int) -> tuple[list[tuple[int, int]], IndexShape]:
         """The next ``count`` splits: (partition split, partition made) each, and the shape after them."""
         pairs = []

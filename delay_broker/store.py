@@ -85,6 +85,8 @@ MAX_BATCH = 1000
 MAX_ID_LENGTH = 512
 DEFAULT_MAX_PAYLOAD = 1024 * 1024
 DEFAULT_PACK_AFTER_MS = 300_000
+NEW_INDEX = IndexShape()
+"""The packed index's shape until a store sees another: one partition."""
 PACK_CALLS = 10
 PACK_OPEN_CHUNK = 500
 """Records one ``open_pack.lua`` call moves at most: a few milliseconds of Redis time."""
@@ -389,18 +391,23 @@ class DelayStore:
     ) -> Any:
         """Script ``name`` on a shard; a write waits for ``replicas`` (by default the store's) to confirm it."""
         space = (self._shards or self._read_layout(name))[shard]
-        keys = [*space.script_keys, *extra]
+        keys = [*space.keys_of(scripts.keys_used(name)), *extra]
         replicas = self.replicas if replicas is None else replicas
-        with self._redis(name):
-            try:
-                if write and replicas:
-                    return self._run_replicated(name, space, keys, args, replicas)
-                return self._evalsha(name, keys, args)
-            except redis.ResponseError as error:
-                elsewhere = packing.packed_elsewhere(error)
-                if elsewhere is None:
-                    raise
+        try:  # as _redis() does, without a context manager's cost on every call
+            if write and replicas:
+                return self._run_replicated(name, space, keys, args, replicas)
+            return self._evalsha(name, keys, args)
+        except redis.ResponseError as error:
+            elsewhere = packing.packed_elsewhere(error)
+            if elsewhere is not None:
                 raise elsewhere from None
+            self._notice_failover()
+            raise translate(error, name) from error
+        except (redis.RedisError, RedisClusterException) as error:
+            translated = translate(error, name)
+            if not isinstance(error, MasterNotFoundError):
+                self._notice_failover()
+            raise translated from error
 
     def _run_by_id(
         self,
@@ -425,7 +432,7 @@ class DelayStore:
         binaries_arg = b"".join(binaries)
         where: list[Location | None] = [None] * len(ids)
         for _ in range(PACK_CALLS):
-            shape = self._index_shapes.get(shard, IndexShape())
+            shape = self._index_shapes.get(shard, NEW_INDEX)
             extra: list[str] = []
             for n, binary in enumerate(binaries):
                 location = where[n]
@@ -447,25 +454,22 @@ class DelayStore:
             "doing it again is safe"
         )
 
-    def _split_index(self, shard: int) -> None:
-        """Split partitions of the shard's packed index, the next ones in line, until they average half of
-        :data:`~.packing.SPLIT_AT` ids (a park filled some past it). Best effort: the park is done, and a later
-        one asks again if need be."""
+    def _split_index(self, shard: int, partition: int, size: int = SPLIT_AT + 1) -> None:
+        """Split partitions of the shard's packed index, the next ones in line, up to ``partition``, which a park
+        filled past :data:`~.packing.SPLIT_AT` (to ``size`` entries: a batch that filled one several times over
+        doubles the index as many times). Best effort: the park is done, and a later one asks again."""
         space = self.shards[shard]
         try:
-            with self._redis("sizing the packed index"):
-                total = sum(int(count) for count in self.client.hvals(space.pack_live))
-            while True:
-                shape = self._index_shapes.get(shard, IndexShape())
-                wanted = -(-total // (SPLIT_AT // 2)) - shape.partitions
-                if wanted <= 0:
-                    return
+            shape = self._index_shapes.get(shard, NEW_INDEX)
+            wanted = shape.splits_to(partition) + (size // SPLIT_AT - 1) * shape.partitions
+            while wanted > 0:
                 pairs, _ = shape.splits(min(wanted, MAX_BATCH // 2))
-                keys = [space.packed(partition) for pair in pairs for partition in pair]
-                reply = _text(self._run("split_index", shard, [str(shape), len(pairs)], extra=keys))
-                if reply == str(shape):  # another process split meanwhile: its parks ask again if need be
+                keys = [space.packed(number) for pair in pairs for number in pair]
+                done, reply = self._run("split_index", shard, [str(shape), len(pairs)], extra=keys)
+                shape = self._index_shapes[shard] = IndexShape.parse(_text(reply))
+                if not int(done):  # another process split meanwhile: a park asks again if need be
                     return
-                self._index_shapes[shard] = IndexShape.parse(reply)
+                wanted -= len(pairs)
         except DelayBrokerError as error:
             logger.debug("Store %r: splitting the packed index failed: %s", self.keys.namespace, error)
 
@@ -600,7 +604,49 @@ class DelayStore:
         ``on_conflict="replace"`` (debounce) gives an id that is already stored the new payload and due time;
         ``"keep"`` (dedup) leaves the stored one alone and reports it as kept.
         """
+        if on_conflict == "replace" and due is None and delay is not None and self._far is None:
+            parked = self._park_one(id, envelope, delay)
+            if parked is not None:
+                return parked
         return self.park_many([ParkRequest(id, envelope, delay=delay, due=due)], on_conflict=on_conflict)[0]
+
+    def _park_one(self, id: str, envelope: Envelope, delay: Delay) -> ParkResult | None:
+        """A park of one id the store does not hold, a delay from now, untraced (every adapter's delayed send),
+        in one call of ``pack_one.lua`` or ``park_one.lua``: a third of park.lua's server time. None when the
+        script leaves the message to park.lua (the id is held, or anything unusual; nothing was written)."""
+        if tracing.active():
+            return None
+        check_id(id)
+        millis = delay_to_ms(delay)
+        encoded = self._encode_envelope(id, envelope, traced=False)
+        self._layout_for_parking()
+        shards = self._shards or self._read_layout("park")
+        shard = 0 if len(shards) == 1 else shard_of(id, len(shards))
+        space = shards[shard]
+        binary = binary_id(id)
+        shape = self._index_shapes.get(shard, NEW_INDEX)
+        partition = space.packs if binary == NOT_PACKABLE else space.packed(shape.partition(binary))
+        try:
+            if binary != NOT_PACKABLE and self.pack_after_ms is not None and millis >= self.pack_after_ms:
+                now = self.estimated_now_ms()
+                name = pack_name(now + millis, now, self.pack_after_ms)
+                width, slot = name.split(":")
+                args = [id, millis, encoded, binary, str(shape), name, width, slot, self.pack_after_ms]
+                reply = self._run(
+                    "pack_one", shard, [*args, MAX_DUE_MS, self._max_delay_arg()], extra=[partition, space.pack(name)]
+                )
+                if reply and int(reply[1]):
+                    self._split_index(shard, shape.partition(binary))
+            else:
+                args = [id, millis, encoded, binary, str(shape), MAX_DUE_MS, self._max_delay_arg()]
+                reply = self._run("park_one", shard, args, extra=[partition])
+                if reply:
+                    self._relay_wake(shard, reply[1])
+        except StoreUnavailable:
+            raise
+        except DelayBrokerError:  # a refusal: park.lua, which wrote nothing either, says what it is
+            return None
+        return ParkResult(id, int(reply[0]), "new") if reply else None
 
     def park_many(self, requests: Iterable[ParkRequest], *, on_conflict: OnConflict = "replace") -> list[ParkResult]:
         """Park many messages: one round trip per 1000 (per shard), each chunk all or nothing.
@@ -679,9 +725,9 @@ class DelayStore:
             args.extend(item)
         ids = [item[0] for item in chunk]
         reply = self._run_by_id("park", shard, ids, args, targets=self._pack_targets(shard, chunk), replicas=replicas)
-        self._relay_wake(shard, reply[-2])
-        if int(reply[-1]):
-            self._split_index(shard)
+        self._relay_wake(shard, reply[-3])
+        if int(reply[-2]) >= 0:
+            self._split_index(shard, int(reply[-2]), int(reply[-1]))
         outcomes: tuple[Literal["kept", "new", "replaced", "stale", "moved"], ...] = (
             "kept",
             "new",
@@ -710,16 +756,20 @@ class DelayStore:
         kind, value = _due_argument(request.delay, request.due, request.id)
         return request.id, kind, value, self._encode_envelope(request.id, request.envelope)
 
-    def _encode_envelope(self, id: str, envelope: Envelope, *, keep_context: bool = False) -> bytes:
+    def _encode_envelope(
+        self, id: str, envelope: Envelope, *, keep_context: bool = False, traced: bool = True
+    ) -> bytes:
+        """``traced=False``: the caller knows there is no trace context to store."""
         if not isinstance(envelope.payload, bytes):
             raise InvalidMessage(f"payload must be bytes, got {type(envelope.payload).__name__}")
         if len(envelope.payload) > self.max_payload_bytes:
             raise PayloadTooLarge(
                 f"payload of {id!r} is {len(envelope.payload)} bytes, over the limit of {self.max_payload_bytes}"
             )
-        extra = tracing.with_context(envelope.extra, keep=keep_context)
-        if extra != envelope.extra:
-            envelope = dataclasses.replace(envelope, extra=extra)
+        if traced:
+            extra = tracing.with_context(envelope.extra, keep=keep_context)
+            if extra != envelope.extra:
+                envelope = dataclasses.replace(envelope, extra=extra)
         version = min(self.record_version, envelope.version) if envelope.version else self.record_version
         return envelope.encode(int(time.time() * 1000), version)
 
@@ -839,8 +889,8 @@ class DelayStore:
                 [id, kind, value, MAX_DUE_MS, encoded, limit, read, pack_after],
                 targets=self._pack_targets(shard, [(id, kind, value, b"")]),
             )
-            if int(over):
-                self._split_index(shard)
+            if int(over) >= 0:
+                self._split_index(shard, int(over))
             if int(moved) >= 0:
                 self._relay_wake(shard, woke)
                 if far_due is None:
@@ -1857,7 +1907,7 @@ class DelayStore:
         base, ids = self._run("open_pack", shard, ["peek", name, PACK_OPEN_CHUNK], extra=[pack], write=False)
         binaries = [ids[n : n + 16] for n in range(0, len(ids), 16)]
         for _ in range(PACK_CALLS):
-            shape = self._index_shapes.get(shard, IndexShape())
+            shape = self._index_shapes.get(shard, NEW_INDEX)
             partitions = [
                 space.packed(shape.partition(binary)) if binary != NOT_PACKABLE else space.packs for binary in binaries
             ]

@@ -33,9 +33,13 @@ def _otel() -> tuple[Any, Any] | None:
     return trace, propagate
 
 
-def _active() -> bool:
+def active() -> bool:
+    """Whether a park now would be traced: OpenTelemetry is installed and the caller is inside a span."""
     otel = _otel()
     return otel is not None and otel[0].get_current_span().get_span_context().is_valid
+
+
+_active = active
 
 
 @contextlib.contextmanager

@@ -39,7 +39,11 @@ def test_scripts_name_their_keys_instead_of_counting_them():
     prelude = lua_key_names()
     for n, key in enumerate(SCRIPT_KEYS, start=1):
         assert f"local {key.upper()} = KEYS[{n}]" in prelude
-    assert script_package.source("park").startswith(prelude)
+    # Each script receives the keys it names, in that one order.
+    assert script_package.source("renew").startswith("local INFLIGHT = KEYS[1]\nlocal FIRST_EXTRA_KEY = 2")
+    used = script_package.keys_used("park")
+    assert {"due", "msg", "packs"} <= used and "promoters" not in used
+    assert script_package.source("park").startswith(lua_key_names(used))
 
 
 def test_no_script_builds_key_names_itself():

@@ -121,6 +121,7 @@ class DelayMiddleware(dramatiq.Middleware):
         self._original_flush_all: Callable[[], None] | None = None
         self._flushing_all = threading.local()
         self._effective_threshold_ms: int | None = None
+        self._on_redis = self._on_sqs = False
         self._promoters: dict[int, Promoter] = {}
         self._schedules: dict[str, Schedule] = {}
         self._lock = threading.Lock()
@@ -151,6 +152,8 @@ class DelayMiddleware(dramatiq.Middleware):
                     "RabbitmqBroker without confirm_delivery=True: a message promoted while the connection is "
                     "failing can be acknowledged in the delay store without reaching RabbitMQ"
                 )
+            self._on_redis = isinstance(broker, RedisBroker)
+            self._on_sqs = native_cap_ms(broker) is not None
             self._original_enqueue = broker.enqueue
             broker.enqueue = self._enqueue  # type: ignore[method-assign]
             self._original_flush, self._original_flush_all = broker.flush, broker.flush_all
@@ -240,15 +243,16 @@ class DelayMiddleware(dramatiq.Middleware):
         fresh ``redis_message_id``) and its envelope."""
         broker = self._installed()
         queue_name = q_name(message.queue_name)
-        if queue_name not in canonical_queues(broker):
+        if queue_name not in broker.get_declared_queues() and queue_name not in canonical_queues(broker):
             raise QueueNotFound(f"cannot park a message for undeclared queue {queue_name!r}")  # type: ignore[no-untyped-call]
         options = {key: value for key, value in message.options.items() if key != "eta"}
-        if isinstance(broker, RedisBroker):
+        if self._on_redis:
             # Always, even when promotion is not direct: any promoter may then take the exactly-once path.
             options["redis_message_id"] = str(uuid.uuid4())
         parked = dataclasses.replace(message, queue_name=queue_name, options=options)
         payload = parked.encode()
-        refuse_what_sqs_would(broker, payload, queue_name)
+        if self._on_sqs:
+            refuse_what_sqs_would(broker, payload, queue_name)
         envelope = Envelope(
             route=queue_name,
             payload=payload,

@@ -1,10 +1,10 @@
 """The store's Lua scripts, one ``.lua`` file each, loaded with the key names and shared helpers they use.
 
-Each script is sent as: the prelude naming a shard's keys (generated from :data:`delay_broker.keys.SCRIPT_KEYS`,
-so the key order is written down once), for a script that checks its permissions the commands it calls, the
-helpers of ``_lib.lua`` it uses, then the script itself. Only the
-helpers a script uses (and those they use) are sent: Redis runs the whole text at every call, and defining
-every helper each time cost a park about 4 us of server time.
+Each script is sent as: the prelude naming the keys of a shard it uses (those it names, in the order of
+:data:`delay_broker.keys.SCRIPT_KEYS`, so the order is written down once), for a script that checks its
+permissions the commands it calls, the helpers of ``_lib.lua`` it uses, then the script itself. Only the keys
+and helpers a script uses (and those they use) are sent: Redis creates every key and runs the whole text at
+every call, and defining every helper each time cost a park about 4 us of server time.
 """
 
 from __future__ import annotations
@@ -13,10 +13,12 @@ import re
 from functools import cache
 from importlib import resources
 
-from ..keys import lua_key_names
+from ..keys import SCRIPT_KEYS, lua_key_names
 
 NAMES = (
     "park",
+    "park_one",
+    "pack_one",
     "claim",
     "ack",
     "renew",
@@ -47,11 +49,22 @@ def _read(filename: str) -> str:
 @cache
 def source(name: str) -> str:
     """The text sent to Redis for script ``name``: key names, shared helpers, then the script itself."""
-    if name not in NAMES:
-        raise KeyError(f"no script named {name!r}")
     body = _read(f"{name}.lua")
     helpers = "".join(_helpers_used_by(body))
-    return lua_key_names() + _commands_line(helpers + body) + helpers + "\n" + body
+    return lua_key_names(keys_used(name)) + _commands_line(helpers + body) + helpers + "\n" + body
+
+
+@cache
+def keys_used(name: str) -> frozenset[str]:
+    """The keys of :data:`~delay_broker.keys.SCRIPT_KEYS` script ``name`` names (``DUE`` ...) outside its
+    comments: the ones it receives (helpers take the keys they touch as arguments); ``due`` for a script that
+    names none, so that the call still goes to the shard's node."""
+    if name not in NAMES:
+        raise KeyError(f"no script named {name!r}")
+    code = "\n".join(line for line in _read(f"{name}.lua").splitlines() if not line.lstrip().startswith("--"))
+    words = set(re.findall(r"\w+", code))
+    # One at least: a script that touches none (memory_policy) still goes to the shard's node of a Cluster.
+    return frozenset(key for key in SCRIPT_KEYS if key.upper() in words) or frozenset({SCRIPT_KEYS[0]})
 
 
 _COMMAND_CALL = re.compile(r"redis\.p?call\('([A-Z]+)'")

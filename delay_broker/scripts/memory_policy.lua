@@ -1,6 +1,5 @@
 -- memory_policy.lua: the server's maxmemory and maxmemory-policy, read only where the ACL user may read them.
--- KEYS: one shard's keys in delay_broker.keys.SCRIPT_KEYS order (none is touched: they route the call to the
---       shard's node on a Cluster).
+-- KEYS: one key of a shard (not touched: it routes the call to the shard's node on a Cluster).
 -- ARGV: none.
 -- Returns {maxmemory in bytes, policy}, or {} when the user may not run INFO. Asked here rather than with INFO
 -- from the client: on Redis 7+ redis.acl_check_cmd answers without a refusal, which Redis would put in its ACL

@@ -43,9 +43,9 @@
 -- Returns a flat list, two entries per message: due_ms, outcome (1 = new, 2 = replaced, 0 = kept existing;
 -- for a kept message due_ms is its current due time, or -1 when it is in flight or dead; for a refused
 -- occurrence, the due time of the latest occurrence parked for its schedule; outcome 3 = refused, the schedules
--- revision changed; outcome 4 = skipped, moved in before); then 1 if WAKE was pushed, else 0; then how many
--- index partitions this call filled past SPLIT_AT (the caller splits as many). Or a refusal of pack_locate,
--- having written nothing.
+-- revision changed; outcome 4 = skipped, moved in before); then 1 if WAKE was pushed, else 0; then the
+-- highest index partition this call filled past SPLIT_AT and the entries of the fullest, or -1 and 0 (the
+-- caller splits the index as they say). Or a refusal of pack_locate, having written nothing.
 
 local FIRST_GROUP = 9
 local LAST_GROUP = #ARGV - 3
@@ -282,9 +282,11 @@ if woke == 1 then
     wake_one(WAKE)
 end
 result[#result + 1] = woke
-local over = 0
-for _ in pairs(filled) do
-    over = over + 1
+local over, fullest = -1, 0
+for key in pairs(filled) do
+    over = math.max(over, tonumber(string.match(key, ':packed:(%d+)$')))
+    fullest = math.max(fullest, redis.call('HLEN', key))
 end
 result[#result + 1] = over
+result[#result + 1] = fullest
 return result

@@ -19,8 +19,8 @@
 -- ARGV[8] pack_after: ms; a message due at least half this from now goes to the pack given, -1 never
 -- ARGV[9] .. ARGV[11]: the packed index's shape, the id's 16-byte form and its packed location (see pack_locate)
 -- Returns {new due time in ms, or -1 when the id is not parked (unknown, in flight or dead); 1 if WAKE was
--- pushed, else 0; 1 if its index partition is now past SPLIT_AT, else 0}; or a refusal of pack_locate,
--- having written nothing.
+-- pushed, else 0; its index partition if now past SPLIT_AT, else -1}; or a refusal of pack_locate, having
+-- written nothing.
 
 local problem = denied_command()
     or wrong_type(DUE, 'zset', WAKE, 'list', MSG, 'hash', PACKS, 'zset', PACK_BASE, 'hash', PACK_LIVE, 'hash')
@@ -46,7 +46,7 @@ end
 local expected = ARGV[7]
 if not stored or expected ~= '' and stored ~= expected then
     drop_stale(stale)
-    return {-1, 0, 0}
+    return {-1, 0, -1}
 end
 local now = now_ms()
 local due = tonumber(ARGV[3])
@@ -78,7 +78,7 @@ if name then
     end
     local over = pack_append(KEYS[FIRST_EXTRA_KEY], target, name, ARGV[10], due, envelope, PACKS, PACK_BASE,
         PACK_LIVE)
-    return {due, 0, over and 1 or 0}
+    return {due, 0, over and tonumber(string.match(KEYS[FIRST_EXTRA_KEY], ':packed:(%d+)$')) or -1}
 end
 if packed or ARGV[5] ~= '' then
     redis.call('HSET', MSG, id, envelope)
@@ -86,6 +86,6 @@ end
 redis.call('ZADD', DUE, fifo_score(DUE, due), id)
 if not head or due < head then
     wake_one(WAKE)
-    return {due, 1, 0}
+    return {due, 1, -1}
 end
-return {due, 0, 0}
+return {due, 0, -1}

@@ -6,12 +6,12 @@
 --   splits are made from the shape ARGV[1]
 -- ARGV[1] the shape the caller chose those partitions by
 -- ARGV[2] splits to make
--- Returns the shape after the splits; the stored one, untouched, when it is not ARGV[1] (another process split
--- meanwhile, and its parks ask again if still needed).
+-- Returns {1, the shape after the splits}; or {0, the stored shape}, nothing changed, when it is not ARGV[1]
+-- (another process split meanwhile; a park asks again if still needed).
 
 local shape, level, split = index_shape(PACKED_SHAPE)
 if shape ~= ARGV[1] then
-    return shape
+    return {0, shape}
 end
 local count = tonumber(ARGV[2])
 local spec = {PACKED_SHAPE, 'string'}
@@ -62,4 +62,4 @@ for n = 1, count do
 end
 shape = level .. ':' .. split
 redis.call('SET', PACKED_SHAPE, shape)
-return shape
+return {1, shape}
