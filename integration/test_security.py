@@ -56,7 +56,6 @@ CLIENT_COMMANDS = (
     "zrem",  # a stopped promoter removes its heartbeat (also used inside scripts)
     "del",  # ... and its stop marker
     "ping",  # health checks of clients made by DelayStore.from_url (health_check_interval)
-    "hvals",  # the packed index sized before a split
 )
 SCRIPT_COMMANDS = (
     "time",

@@ -13,6 +13,7 @@ import sys
 import threading
 import time
 import urllib.request
+import uuid
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
@@ -194,6 +195,16 @@ def test_stats_table_shows_counts_and_a_histogram_with_bars(run, populated, redi
         line = next(line for line in out.splitlines() if label in line and "█" in line)
         assert " 1 " in line
     assert rows["oldest overdue age"].startswith(("4m", "5m")) and rows["parked"] == "5"
+
+
+def test_stats_say_how_many_parked_messages_are_packed(run, store):
+    ids = [str(uuid.uuid4()) for _ in range(3)]
+    store.park_many([ParkRequest(id, Envelope("ready", b"x"), delay=3600) for id in ids])
+    store.park("near", Envelope("ready", b"x"), delay=3600)  # not a UUID: the ordinary layout
+    assert (as_json(run("stats", "--json"))["parked"], as_json(run("stats", "--json"))["packed"]) == (4, 3)
+    assert "3 of them in packs" in run("stats").output
+    listed = as_json(run("ls", "--json"))["messages"]
+    assert sorted(message["id"] for message in listed) == sorted([*ids, "near"])
 
 
 def test_stats_of_an_empty_namespace_warns_of_no_promoter_only_when_needed(run):

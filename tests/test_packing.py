@@ -340,7 +340,8 @@ def test_the_packed_index_splits_as_it_fills_and_a_stale_shape_is_corrected(clie
     assert 3001 / partitions < SPLIT_AT, shape
     sizes = [client.hlen(store.keys.packed(n)) for n in range(partitions)]
     assert sum(sizes) == 3001 and max(sizes) <= 2 * SPLIT_AT
-    assert all(client.object("encoding", store.keys.packed(n)) == b"listpack" for n in range(partitions) if sizes[n])
+    compact = (b"listpack", b"ziplist")  # Redis 7 and 8; 6.2
+    assert all(client.object("encoding", store.keys.packed(n)) in compact for n in range(partitions) if sizes[n])
     assert late.get(first).envelope.payload == b"first" and late.cancel(ids[7])
     assert late.park(ids[8], envelope(b"again"), delay=2 * HOUR).outcome == "replaced"
     assert store.get(ids[8]).envelope.payload == b"again" and store.get(ids[9]).envelope.payload == ids[9].encode()

@@ -7,6 +7,7 @@ from __future__ import annotations
 import importlib.util
 import subprocess
 import time
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -68,6 +69,20 @@ def test_park_and_exactly_once_promotion(server: EmbeddedRedis) -> None:
         from datetime import datetime, timezone
 
         store.park("far", Envelope(route="ready", payload=b"x"), due=datetime(9999, 1, 1, tzinfo=timezone.utc))
+
+
+def test_packs_work_alike(server: EmbeddedRedis) -> None:
+    """Packs rely on Lua's struct and redis.sha1hex, ZADD LT and listpack or ziplist hashes: on every version."""
+    store = DelayStore(server.client(), namespace="packs")
+    ids = [str(uuid.uuid4()) for _ in range(400)]  # enough to split the packed index
+    store.park_many([ParkRequest(id, Envelope(route="ready", payload=id.encode()), delay=3600) for id in ids])
+    store.park(ids[0], Envelope(route="ready", payload=b"one"), delay=7200)
+    assert store.stats().packed == 400 and store.get(ids[0]).envelope.payload == b"one"
+    assert store.cancel(ids[1]) and store.reschedule(ids[2], delay=0) is not None
+    assert DelayStore(server.client(), namespace="packs", pack_after=10**8).open_packs(0) is None
+    result = store.promote_direct({"ready": ListTarget("ready")}, 1000, "p")
+    assert result.promoted == 1 and server.client().lrange("ready", 0, -1) == [ids[2].encode()]
+    assert store.stats().parked == 398 and store.stats().packed == 0
 
 
 def test_norepl_oom_readonly_and_corrupt_keys_say_what_they_are(server: EmbeddedRedis, executable: str) -> None:

@@ -74,7 +74,7 @@ def stats(redis_url: str | None, namespace: str, as_json: bool) -> None:
     summary.add_column("note")
     notes = [f"{snapshot.packed:,} of them in packs"] if snapshot.packed else []
     if session.store.far_tier:
-        notes.append(f"{snapshot.far:,} in the far tier (PostgreSQL)")
+        notes.append(f"{snapshot.far:,} {'' if notes else 'of them '}in the far tier (PostgreSQL)")
     summary.add_row("parked", f"{snapshot.parked:,}", ", ".join(notes))
     summary.add_row("in flight", f"{snapshot.inflight:,}", "claimed by a promoter, not yet acknowledged")
     summary.add_row("dead", f"{snapshot.dead:,}", "see: delay-broker dead ls" if snapshot.dead else "")
