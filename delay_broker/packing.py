@@ -56,11 +56,21 @@ def binary_id(id: str) -> bytes:
     return bytes.fromhex(id.replace("-", ""))
 
 
+MIN_WIDTH = 2**11
+"""The narrowest pack (ms): with it, the slot of any due time up to ``MAX_DUE_MS`` (year 2248) fits the index's
+u32, even for the 625-ms packs a ``pack_after`` of 10 seconds would otherwise make."""
+
+MAX_WIDTH = 2**31
+"""The widest pack (ms, about 25 days): the index stores the width as a u32, so a message parked years ahead
+(whose pack would be wider than 2**32 ms past about 2.5 years with the default ``pack_after``) goes to packs
+of this width instead."""
+
+
 def pack_name(due_ms: int, now_ms: int, pack_after_ms: int) -> str:
     """The pack a message due at ``due_ms`` goes to when parked at ``now_ms`` (at least ``pack_after_ms`` ahead)."""
     distance = max(due_ms - now_ms, pack_after_ms)
     level = (distance // pack_after_ms).bit_length() - 1
-    width = max(1, (pack_after_ms << level) // SLICES)
+    width = min(max(MIN_WIDTH, (pack_after_ms << level) // SLICES), MAX_WIDTH)
     return f"{width}:{due_ms // width}"
 
 

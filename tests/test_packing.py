@@ -11,11 +11,13 @@ import pytest
 from redis.crc import key_slot
 
 from delay_broker import DelayStore, Envelope, ListTarget, ParkRequest, Promoter, scripts
-from delay_broker.clock import due_to_ms
+from delay_broker.clock import MAX_DUE_MS, due_to_ms
 from delay_broker.deliverers import DirectLists
 from delay_broker.errors import DelayBrokerError
 from delay_broker.operations import MessageFilter, Operations
 from delay_broker.packing import (
+    MAX_WIDTH,
+    MIN_WIDTH,
     NOT_PACKABLE,
     SPLIT_AT,
     IndexShape,
@@ -74,6 +76,31 @@ def test_pack_width_grows_with_the_distance():
     widths = [int(pack_name(now + d, now, after).split(":")[0]) for d in (after, 2 * after, 40 * after)]
     assert widths == [after // 16, after // 8, after * 32 // 16]
     assert pack_name(now + 3 * after, now, after) == pack_name(now + 3 * after + 1, now, after)
+
+
+def test_pack_names_fit_the_index_however_far_or_near():
+    """The index keeps a pack's width and slot as u32s: packs of messages years ahead are capped in width (a
+    3-year delay made a pack 4.9e9 ms wide, whose index entries named another pack) and the narrowest packs
+    are wide enough for the slot of any due time a store takes."""
+    now = 1_800_000_000_000
+    for pack_after in (10_000, 300_000, 86_400_000):
+        for due in (now + pack_after, now + 3 * 365 * 86_400_000, MAX_DUE_MS):
+            width, slot = map(int, pack_name(due, now, pack_after).split(":"))
+            assert MIN_WIDTH <= width <= MAX_WIDTH and slot < 2**32 and slot * width <= due < (slot + 1) * width
+
+
+def test_messages_parked_years_ahead_are_found_kept_rescheduled_and_opened(store):
+    years = 3 * 365 * 86400
+    kept, moved, cancelled = new_id(), new_id(), new_id()
+    for id in (kept, moved, cancelled):
+        store.park(id, envelope(id.encode()), delay=years)
+    assert store.stats().packed == 3
+    assert store.get(kept).envelope.payload == kept.encode()
+    assert store.park(kept, envelope(b"other"), delay=years, on_conflict="keep").outcome == "kept"
+    assert store.reschedule(moved, delay=years + 60) is not None
+    assert store.cancel(cancelled)
+    open_everything(store)
+    assert {info.id: info.envelope.payload for info in store.iter_all()} == {kept: kept.encode(), moved: moved.encode()}
 
 
 def test_a_message_due_far_ahead_is_packed_and_read_as_parked(store):
@@ -309,6 +336,15 @@ def test_duplicates_in_one_call_take_the_ordinary_layout(store):
     )
     assert [r.outcome for r in results] == ["new", "replaced"]
     assert in_ordinary_layout(store, id) and store.get(id).envelope.payload == b"b"
+
+
+def test_a_refused_occurrence_splits_no_index(store):
+    """park.lua's early answers for occurrences carry the index fields too (once read as a partition to split)."""
+    due = datetime.now(timezone.utc) + timedelta(hours=1)
+    assert store.park_occurrence("nightly", new_id(), envelope(), due, revision=5).outcome == "stale"
+    assert store.park_occurrence("daily", new_id(), envelope(), due).outcome == "new"
+    assert store.park_occurrence("daily", new_id(), envelope(), due).outcome == "kept"
+    assert store.client.get(store.keys.packed_shape) is None
 
 
 def test_a_recurring_occurrence_is_packed_and_cancelled_by_a_schedule_change(store):

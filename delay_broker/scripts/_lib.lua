@@ -418,10 +418,15 @@ local function parse_location(value)
     return name, position, name .. ':' .. position
 end
 
--- The index's 12 bytes for a record of pack `name` at `position`.
+-- The index's 12 bytes for a record of pack `name` at `position`. struct.pack would wrap a number past 2^32
+-- silently, and the entry would point at another pack (packing.pack_name keeps names within it).
 local function location_value(name, position)
     local width, slot = string.match(name, '^(%d+):(%d+)$')
-    return struct.pack('>I4I4I4', tonumber(width), tonumber(slot), position)
+    width, slot = tonumber(width), tonumber(slot)
+    if not width or width >= 4294967296 or slot >= 4294967296 or position >= 4294967296 then
+        error('pack name or position out of range: ' .. tostring(name) .. ':' .. tostring(position))
+    end
+    return struct.pack('>I4I4I4', width, slot, position)
 end
 
 -- The record at a location, or false: the pack's head may have been taken already (PACK_BASE counts it).

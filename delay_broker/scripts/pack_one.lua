@@ -29,7 +29,8 @@ local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 local due = now + tonumber(ARGV[2])
 local max_delay = tonumber(ARGV[11])
-if due > tonumber(ARGV[10]) or (max_delay >= 0 and due - now > max_delay) or due - now < tonumber(ARGV[9]) / 2 then
+if due > tonumber(ARGV[10]) or (max_delay >= 0 and due - now > max_delay) or due - now < tonumber(ARGV[9]) / 2
+        or tonumber(ARGV[7]) >= 4294967296 or tonumber(ARGV[8]) >= 4294967296 then
     return 0
 end
 if redis.call('HEXISTS', MSG, id) == 1 or redis.call('ZSCORE', DEAD, id)

@@ -169,7 +169,7 @@ if schedule ~= '' then
         return redis.error_reply('ERR a scheduled occurrence is parked on its own')
     end
     if ARGV[5] ~= '' and (redis.call('GET', SCHEDULES_REV) or '0') ~= ARGV[5] then
-        return {-1, 3, 0}
+        return {-1, 3, 0, -1, 0}
     end
     local latest = redis.call('HGET', CRON, schedule)
     if latest then
@@ -181,7 +181,7 @@ if schedule ~= '' then
                 .. CRON .. ': ' .. string.sub(latest, 1, 40) .. ' (delete the field to start it afresh)')
         end
         if dues[1] <= latest_due then
-            return {latest_due, 0, 0}
+            return {latest_due, 0, 0, -1, 0}
         end
     end
 end
