@@ -148,7 +148,9 @@ class Operations:
         """One page of matching messages, oldest first (by the state's index), merged over shards. Each shard
         examines at most ``max_scan`` entries; a page that stops there has fewer messages and a cursor to go on.
         The cursor holds each shard's position (the last entry it gave or examined), not an offset: messages
-        promoted, cancelled or parked meanwhile neither hide others from the next page nor bring them back.
+        promoted, cancelled or parked meanwhile neither hide others from the next page nor bring them back. One
+        exception: a packed message (shown at the start of its pack's slot) whose pack a promoter opens before
+        the next page may be shown again there, at its exact due time.
         ``headers_only``: messages in Redis come without their payload, as for :meth:`DelayStore.list_messages`."""
         if not 0 < limit <= MAX_BATCH:
             raise ValueError(f"limit must be 1..{MAX_BATCH}")
@@ -205,11 +207,18 @@ class Operations:
         """How many messages match (a full scan in bounded calls, up to ``max_scan`` entries per shard)."""
         matched = examined = 0
         complete = True
+        # A pack opened during the scan puts its messages in the index, read after the packs: count them once.
+        packed: set[str] = set()
+        sources = self._sources(filter)
         with self._snapshot(filter) as snapshot:
-            for source in range(len(self._sources(filter))):
+            for source, (kind, _) in enumerate(sources):
                 source_examined = 0
                 for scan in self._scans(filter, source, snapshot):
-                    matched += len(scan.matches)
+                    if kind == "packs":
+                        packed.update(info.id for _, info in scan.matches)
+                        matched += len(scan.matches)
+                    else:
+                        matched += sum(1 for _, info in scan.matches if info.id not in packed)
                     source_examined += scan.examined
                     if not scan.exhausted and source_examined >= max_scan:
                         complete = False

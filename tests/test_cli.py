@@ -453,6 +453,22 @@ def test_cancel_with_yes_and_json(run, populated, store):
     assert gone.exit_code == 1 and "no message" in gone.output
 
 
+def test_reschedule_packs_as_the_application_does(run, client, namespace):
+    """--pack-after / DELAY_BROKER_PACK_AFTER: 'none' for applications that pack nothing (a rolling upgrade from a
+    release whose promoters do not open packs); the default packs a move 20 minutes ahead."""
+    plain = DelayStore(client, namespace=namespace, pack_after=None)
+    ids = [str(uuid.uuid4()) for _ in range(3)]
+    plain.park_many([ParkRequest(id, Envelope("ready", b"x"), delay=60) for id in ids])
+    assert run("reschedule", ids[0], "--in", "20m", "--pack-after", "none").exit_code == 0
+    assert run("reschedule", ids[1], "--in", "20m", env={"DELAY_BROKER_PACK_AFTER": "None"}).exit_code == 0
+    assert plain.stats().packed == 0
+    assert run("reschedule", ids[2], "--in", "20m").exit_code == 0
+    assert plain.stats().packed == 1
+    for wrong in ("5", "soon", "inf"):
+        result = run("reschedule", ids[0], "--in", "20m", "--pack-after", wrong)
+        assert result.exit_code == 2 and "--pack-after" in result.output, result.output
+
+
 def test_reschedule_in_at_and_now(run, populated, store):
     before = store.stats().now_ms
     moved = as_json(run("reschedule", "cl-later", "--in", "5m", "--json"))

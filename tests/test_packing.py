@@ -28,6 +28,8 @@ from delay_broker.packing import (
     packed_elsewhere,
 )
 
+from .helpers import wait_for
+
 HOUR = 3600
 
 
@@ -267,6 +269,49 @@ def test_a_promoter_opens_packs_in_time(client, namespace, ready_key):
     assert popped is not None and popped[1] == b"on time"
     assert store.now_ms() >= parked.due_ms and promoter.counters.lateness_ms[0] < 1000
     assert store.stats().counters["opened"] == 1
+
+
+def test_a_promoter_opens_in_time_the_packs_of_a_producer_that_packs_sooner(client, namespace, ready_key):
+    """A promoter looks at packs on a timer its own pack_after sets (every 37.5 s with none); a producer with a
+    shorter pack_after wakes it when it makes a pack that is now the first to open (was 25 s late)."""
+    producer = DelayStore(client, namespace=namespace, pack_after=10)
+    promoting = DelayStore(client, namespace=namespace, pack_after=None)
+    promoter = Promoter(promoting, DirectLists({"ready": ListTarget(ready_key)}), max_idle=1, keep_lateness=True)
+    promoter.start()
+    try:
+        assert wait_for(lambda: promoter.counters.cycles > 2)  # its first look at packs is behind it
+        parked = producer.park(new_id(), envelope(b"packed sooner"), delay=11)
+        assert producer.stats().packed == 1
+        popped = client.blpop([ready_key], timeout=30)
+    finally:
+        promoter.stop()
+    assert popped is not None and popped[1] == b"packed sooner"
+    assert producer.now_ms() >= parked.due_ms and promoter.counters.lateness_ms[0] < 1000
+
+
+def test_listings_and_counts_made_while_a_pack_is_opened_show_its_messages_once(store, monkeypatch):
+    now = store.now_ms()
+    packed = new_id()
+    store.park(packed, envelope(b"X"), delay=HOUR)
+    store.park_many([ParkRequest(f"ordinary-{n}", envelope(), delay=HOUR + n) for n in range(2)])
+    real_entries, real_scan = store._index_entries, store.scan_index
+
+    def opened_before_the_index_is_read(*args, **kwargs):
+        open_everything(store)  # a promoter opens the pack between the packs' read and the index's
+        return real_entries(*args, **kwargs)
+
+    monkeypatch.setattr(store, "_index_entries", opened_before_the_index_is_read)
+    assert sorted(info.id for info in store.list_messages()) == sorted([packed, "ordinary-0", "ordinary-1"])
+    monkeypatch.setattr(store, "_index_entries", real_entries)
+    store.reschedule(packed, due=datetime.fromtimestamp((now + 2 * HOUR * 1000) / 1000, timezone.utc))
+    assert store.stats().packed == 1
+
+    def opened_before_the_index_is_scanned(*args, **kwargs):
+        open_everything(store)
+        return real_scan(*args, **kwargs)
+
+    monkeypatch.setattr(store, "scan_index", opened_before_the_index_is_scanned)
+    assert Operations(store).count(MessageFilter()).matched == 3 == store.stats().parked
 
 
 def test_a_sharded_namespace_packs_per_shard(client, namespace):

@@ -89,10 +89,42 @@ def far_tier_options(func: F) -> F:
     return func
 
 
+def _pack_after(ctx: click.Context, param: click.Parameter, value: str | None) -> None:
+    if value in (None, ""):
+        return
+    assert value is not None
+    if value.lower() == "none":
+        ctx.meta["delay_broker.pack_after"] = None
+        return
+    try:
+        seconds = float(value)
+    except ValueError:
+        raise click.BadParameter(f"{value!r} is neither a number of seconds nor 'none'") from None
+    if not seconds >= 10 or seconds == float("inf"):
+        raise click.BadParameter(f"{value!r}: at least 10 seconds, or 'none'")
+    ctx.meta["delay_broker.pack_after"] = seconds
+
+
+def pack_after_option(func: F) -> F:
+    """``--pack-after``: the application's ``pack_after``, for what the command parks (a reschedule, a schedule's
+    occurrence, the dashboard's actions)."""
+    return click.option(
+        "--pack-after",
+        envvar="DELAY_BROKER_PACK_AFTER",
+        show_envvar=True,
+        metavar="SECONDS|none",
+        expose_value=False,
+        callback=_pack_after,
+        help="Pack what this command parks as your application does (pack_after=...; 'none' packs nothing, as "
+        "for a rolling upgrade from a release without packs)  [default: 300]",
+    )(func)
+
+
 def store_options(func: F) -> F:
-    """``--redis-url``, ``--namespace``, ``--prefix``, ``--far-tier``, ``--far-horizon`` and ``--json``, shared
-    by every command that reads the store."""
+    """``--redis-url``, ``--namespace``, ``--prefix``, ``--far-tier``, ``--far-horizon``, ``--pack-after`` and
+    ``--json``, shared by every command that reads the store."""
     func = click.option("--json", "as_json", is_flag=True, help="Print JSON (for scripts) instead of tables.")(func)
+    func = pack_after_option(func)
     func = prefix_option(func)
     func = far_tier_options(func)
     func = click.option(
@@ -146,9 +178,16 @@ def open_session(redis_url: str | None, namespace: str, as_json: bool) -> Sessio
     meta = click.get_current_context().meta
     far = {"far_tier": meta.get("delay_broker.far_tier"), "far_horizon": meta.get("delay_broker.far_horizon")}
     prefix = meta.get("delay_broker.prefix", DEFAULT_PREFIX)
+    packing = {"pack_after": meta["delay_broker.pack_after"]} if "delay_broker.pack_after" in meta else {}
     try:
         store = DelayStore.from_url(
-            redis_url, namespace=namespace, prefix=prefix, socket_connect_timeout=5.0, socket_timeout=15.0, **far
+            redis_url,
+            namespace=namespace,
+            prefix=prefix,
+            socket_connect_timeout=5.0,
+            socket_timeout=15.0,
+            **far,
+            **packing,
         )
     except ValueError as error:
         raise click.UsageError(f"cannot use --redis-url / --namespace / --prefix / --far-tier: {error}") from None

@@ -518,16 +518,33 @@ local function pack_locate(count, first_key, stride, shape, binaries, expected, 
     return found, stale, nil
 end
 
+-- Wakes a promoter when pack `name`, whose earliest due time just went down, is now the first to open. A
+-- promoter looks at packs on a timer set by its own pack_after: a producer with a shorter one makes packs
+-- due before that timer ends. Called after the writes, so a WAKE of the wrong type skips the wake (the timer
+-- still opens the pack) rather than failing a park that is done. Returns whether it woke one.
+local function wake_for_pack(packs_key, name, wake_key)
+    if redis.call('ZRANGE', packs_key, 0, 0)[1] ~= name then
+        return false
+    end
+    local kind = redis.call('TYPE', wake_key)['ok']
+    if kind ~= 'list' and kind ~= 'none' then
+        return false
+    end
+    wake_one(wake_key)
+    return true
+end
+
 -- Appends a message to a pack: its record at the pack's tail, its entry in the index partition, the pack's
 -- earliest due time and count. Returns whether the partition now holds more than SPLIT_AT entries (the
--- caller asks for a split).
+-- caller asks for a split), and whether the pack's earliest due time went down (the caller may wake a
+-- promoter: wake_for_pack).
 local function pack_append(partition, pack, name, binary, due, envelope, packs_key, base_key, live_key)
     local base = tonumber(redis.call('HGET', base_key, name) or '0') or 0
     local length = redis.call('RPUSH', pack, binary .. u48_text(due) .. envelope)
     redis.call('HSET', partition, binary, location_value(name, base + length - 1))
-    redis.call('ZADD', packs_key, 'LT', due, name)
+    local earlier = redis.call('ZADD', packs_key, 'LT', 'CH', due, name) == 1
     redis.call('HINCRBY', live_key, name, 1)
-    return redis.call('HLEN', partition) > SPLIT_AT
+    return redis.call('HLEN', partition) > SPLIT_AT, earlier
 end
 
 -- Removes the index entries pack_locate found pointing at no record of their id.

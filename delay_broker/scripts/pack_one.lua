@@ -12,13 +12,14 @@
 --   PACK_BASE HASH pack name -> records taken from its head
 --   PACK_LIVE HASH pack name -> messages packed in it
 --   PACKED_SHAPE  STRING the packed index's shape
+--   WAKE      LIST wake marker (pushed when the pack becomes the earliest: see pack_append in _lib.lua)
 -- KEYS after the shard's: the id's packed index partition, the pack
 -- ARGV[1] id  ARGV[2] delay, ms from Redis TIME  ARGV[3] envelope  ARGV[4] the id's 16-byte form
 -- ARGV[5] the packed index's shape the partition was chosen by
 -- ARGV[6] the pack's name  ARGV[7], ARGV[8] its width and slot (the name's two numbers)
 -- ARGV[9] pack_after ms: the message is packed only when due at least half this ahead
 -- ARGV[10] max_due_ms  ARGV[11] max_delay_ms, or -1
--- Returns {due ms, 1 if the partition is past SPLIT_AT else 0}, or 0.
+-- Returns {due ms, 1 if the partition is past SPLIT_AT else 0, 1 if WAKE was pushed else 0}, or 0.
 -- The reads come first and see the types of the keys they read. The record is the first write (over
 -- maxmemory, the one Redis refuses); PACKS and STATS, not read before, come next: one of the wrong type stops
 -- the script with a record that has no index entry, which is no message (opening a pack drops it).
@@ -45,9 +46,10 @@ end
 
 local record = binary .. struct.pack('>I2I4', math.floor(due / 4294967296), due % 4294967296) .. ARGV[3]
 local position = base + redis.call('RPUSH', pack, record) - 1
-redis.call('ZADD', PACKS, 'LT', due, name)
+local earlier = redis.call('ZADD', PACKS, 'LT', 'CH', due, name) == 1
 redis.call('HINCRBY', STATS, 'parked', 1)
 redis.call('HSET', partition, binary, struct.pack('>I4I4I4', tonumber(ARGV[7]), tonumber(ARGV[8]), position))
 redis.call('HSET', PACK_LIVE, name, live + 1)
+local woke = earlier and wake_for_pack(PACKS, name, WAKE) and 1 or 0
 -- Every eighth record of a pack looks at its partition's size: enough to split in time, at an eighth of the cost.
-return {due, (position % 8 == 0 and redis.call('HLEN', partition) > SPLIT_AT) and 1 or 0}
+return {due, (position % 8 == 0 and redis.call('HLEN', partition) > SPLIT_AT) and 1 or 0, woke}

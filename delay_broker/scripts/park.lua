@@ -220,6 +220,7 @@ local result = {}
 local delivered = 0
 local taken = {}
 local filled = {}
+local earlier_packs = {}
 for n = 1, count do
     local i = FIRST_GROUP + (n - 1) * 4
     local id = ARGV[i]
@@ -249,10 +250,13 @@ for n = 1, count do
         local name = packing[n]
         if name then
             local partition = KEYS[FIRST_EXTRA_KEY + (n - 1) * 3]
-            if pack_append(partition, KEYS[FIRST_EXTRA_KEY + (n - 1) * 3 + 2], name,
-                    string.sub(ARGV[#ARGV - 1], n * 16 - 15, n * 16), dues[n], ARGV[i + 3], PACKS, PACK_BASE,
-                    PACK_LIVE) then
+            local over, earlier = pack_append(partition, KEYS[FIRST_EXTRA_KEY + (n - 1) * 3 + 2], name,
+                string.sub(ARGV[#ARGV - 1], n * 16 - 15, n * 16), dues[n], ARGV[i + 3], PACKS, PACK_BASE, PACK_LIVE)
+            if over then
                 filled[partition] = true
+            end
+            if earlier then
+                earlier_packs[name] = true
             end
         else
             redis.call('ZADD', DUE, fifo_score(DUE, dues[n]), id)
@@ -280,6 +284,9 @@ if delivered > 0 then
 end
 if woke == 1 then
     wake_one(WAKE)
+elseif next(earlier_packs) then
+    local first = redis.call('ZRANGE', PACKS, 0, 0)[1]
+    woke = (earlier_packs[first] and wake_for_pack(PACKS, first, WAKE)) and 1 or 0
 end
 result[#result + 1] = woke
 local over, fullest = -1, 0

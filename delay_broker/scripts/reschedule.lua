@@ -76,9 +76,10 @@ if name then
         redis.call('ZREM', DUE, id)
         redis.call('HDEL', MSG, id)
     end
-    local over = pack_append(KEYS[FIRST_EXTRA_KEY], target, name, ARGV[10], due, envelope, PACKS, PACK_BASE,
-        PACK_LIVE)
-    return {due, 0, over and tonumber(string.match(KEYS[FIRST_EXTRA_KEY], ':packed:(%d+)$')) or -1}
+    local over, earlier = pack_append(KEYS[FIRST_EXTRA_KEY], target, name, ARGV[10], due, envelope, PACKS,
+        PACK_BASE, PACK_LIVE)
+    return {due, (earlier and wake_for_pack(PACKS, name, WAKE)) and 1 or 0,
+        over and tonumber(string.match(KEYS[FIRST_EXTRA_KEY], ':packed:(%d+)$')) or -1}
 end
 if packed or ARGV[5] ~= '' then
     redis.call('HSET', MSG, id, envelope)
