@@ -20,11 +20,13 @@ from .celery_apps.brokers import env_for
 from .celery_apps.harness import CeleryEnv, wait_for
 
 KINDS = ["redis", "amqp", "sqs"]
+PACK_AFTER = 10.0
 
 
 @pytest.fixture(scope="module", params=KINDS)
 def env(request: pytest.FixtureRequest) -> Iterator[CeleryEnv]:
-    celery_env = env_for(request.param, request, uuid.uuid4().hex[:10])
+    # Tasks 10 s or more ahead are packed (the month-long and minute-long ones below too).
+    celery_env = env_for(request.param, request, uuid.uuid4().hex[:10], options={"pack_after": PACK_AFTER})
     try:
         celery_env.start_worker("w1")
         yield celery_env
@@ -47,6 +49,18 @@ def test_countdown_above_threshold_is_parked_and_runs_once_when_due(env: CeleryE
     assert run["t"] >= info.due_ms / 1000 - 0.05, "ran before its due time"
     time.sleep(2)
     assert len(env.runs(result.id)) == 1
+
+
+def test_a_packed_task_is_opened_in_time_and_runs_once_when_due(env: CeleryEnv) -> None:
+    packed_before = env.store.stats().packed
+    result = env.task("record").apply_async(("packed",), countdown=PACK_AFTER + 2)
+    info = env.store.get(result.id)
+    assert info is not None and info.state == "due" and info.due_ms is not None
+    assert env.store.stats().packed == packed_before + 1 and env.queue_depth() == 0
+    wait_for(lambda: env.runs(result.id), 40, what="packed task ran")
+    assert env.runs(result.id)[0]["t"] >= info.due_ms / 1000 - 0.05, "ran before its due time"
+    time.sleep(2)
+    assert len(env.runs(result.id)) == 1 and env.store.stats().packed == packed_before
 
 
 def test_thirty_day_countdown_parked_then_rescheduled_to_now_runs_once(env: CeleryEnv) -> None:

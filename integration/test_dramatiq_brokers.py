@@ -36,8 +36,9 @@ from tests.helpers import wait_for as shared_wait_for
 from .dramatiq_apps.app import LONG_RETRY_MS, App, build
 
 ROOT = Path(__file__).resolve().parent.parent
-SCENARIOS = ("parked", "month", "native", "retry", "longretry", "cancel", "load", "sqs6h", "toolarge")
+SCENARIOS = ("parked", "packed", "month", "native", "retry", "longretry", "cancel", "load", "sqs6h", "toolarge")
 THRESHOLD_MS = 1000
+PACK_AFTER_MS = 10_000
 LOAD = 2000
 
 
@@ -143,6 +144,8 @@ def deployment(request: pytest.FixtureRequest, redis_server: EmbeddedRedis) -> I
         "DB_STORE_NS": f"dramatiq-{kind}-{unique}",
         "DB_THRESHOLD": str(THRESHOLD_MS / 1000),
         "DB_RECORD_KEY": f"records:{kind}:{unique}",
+        # Messages 10 s or more ahead are packed (the month-long and 20-minute ones below too).
+        "DB_PACK_AFTER": str(PACK_AFTER_MS / 1000),
     }
     env["DB_QUEUES"] = ",".join(f"{scenario}_{env['DB_BROKER_NS']}" for scenario in SCENARIOS)
     if kind == "rabbitmq":
@@ -194,6 +197,20 @@ def test_delay_above_threshold_is_parked_and_runs_once_after_due(deployment: Dep
     assert not deployment.held(message.message_id)  # no worker ever held it for an eta
     # At-least-once brokers: the promoter acknowledges after the publish, so the run may come first.
     wait_for(lambda: deployment.app.middleware.get(message) is None, 10, "the promotion acknowledged")
+
+
+def test_a_packed_message_is_opened_in_time_and_runs_once_after_due(deployment: Deployment) -> None:
+    store = deployment.app.middleware.store
+    packed_before = store.stats().packed
+    sent_at = now_ms()
+    message = deployment.actor("packed").send_with_options(args=("packed",), delay=PACK_AFTER_MS + 2000)
+    due = assert_parked(deployment, message, PACK_AFTER_MS + 2000, sent_at)
+    assert store.stats().packed == packed_before + 1
+    runs = wait_for(lambda: deployment.runs("packed"), 40, "the packed message ran")
+    assert runs[0]["t"] >= due - 1 and runs[0]["id"] == message.message_id
+    time.sleep(1.0)
+    assert len(deployment.runs("packed")) == 1 and store.stats().packed == packed_before
+    assert not deployment.held(message.message_id)
 
 
 def test_thirty_days_parked_then_rescheduled_to_now_runs_once(deployment: Deployment) -> None:

@@ -16,6 +16,7 @@ Environment:
   DB_STORE_URL      optional: the delay store's URL when it is not DB_REDIS_URL (redis+cluster://, ...)
   DB_STORE_SHARDS   optional: shards of the delay store namespace
   DB_STORE_REPLICAS optional: durable writes (replicas to confirm each write)
+  DB_PACK_AFTER     optional: seconds, the store's pack_after ('none': packs nothing)
   DB_FAR_URL        optional: PostgreSQL URL of a far tier (with DB_FAR_HORIZON seconds, DB_FAR_SWEEP seconds)
   DB_SENTINEL_URL   redis+sentinel:// URL of the RedisBroker's Redis (DB_BROKER=redis-sentinel); the store
                     lives in that master too
@@ -114,6 +115,8 @@ def build(env: Mapping[str, str]) -> App:
         store_options["shards"] = int(env["DB_STORE_SHARDS"])
     if env.get("DB_STORE_REPLICAS"):
         store_options["replicas"] = int(env["DB_STORE_REPLICAS"])
+    if env.get("DB_PACK_AFTER"):
+        store_options["pack_after"] = None if env["DB_PACK_AFTER"] == "none" else float(env["DB_PACK_AFTER"])
     if env.get("DB_FAR_URL"):
         horizon, sweep = float(env["DB_FAR_HORIZON"]), float(env.get("DB_FAR_SWEEP", "0.2"))
         store_options["far_tier"] = FarTier(env["DB_FAR_URL"], horizon=horizon, sweep_interval=sweep)
