@@ -17,6 +17,7 @@ import math
 import os
 import platform
 import shlex
+import signal
 import subprocess
 import sys
 import time
@@ -533,6 +534,11 @@ def write_results(
     return path
 
 
+def _interrupted(signum: int, frame: Any) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # a second SIGTERM ends the process at once
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--scale", choices=sorted(SCALES), default="default")
@@ -551,6 +557,8 @@ def main(argv: list[str] | None = None) -> None:
         parser.error(f"unknown measures: {', '.join(sorted(unknown))}")
     command = "python -m benchmarks " + shlex.join(argv if argv is not None else sys.argv[1:])
 
+    # SIGTERM (a killed run) unwinds like Ctrl-C, so the servers below are stopped rather than left running.
+    signal.signal(signal.SIGTERM, _interrupted)
     report = Report()
     began = time.monotonic()
     print(f"delay_broker benchmarks, scale {options.scale}: {json.dumps(sizes.__dict__)}", flush=True)

@@ -46,6 +46,10 @@ stop request waits for no more than this many."""
 ORPHAN_CHECK_INTERVAL = 300.0
 """Seconds between two looks for moved-in tokens whose rows are gone (left by a mover that died)."""
 
+PACKS_AFTER_WAKE = 1.0
+"""Seconds within which a woken promoter looks at the shard's packs: a wake may be for a pack that a producer
+with a shorter ``pack_after`` made, due at least 5 seconds ahead."""
+
 
 @runtime_checkable
 class Deliverer(Protocol):
@@ -321,9 +325,10 @@ class Promoter:
     def _woken(self, shards: frozenset[int] | None) -> bool:
         for shard in shards or ():
             if shard < len(self._look_at):
-                # A wake is for an earlier message or an earlier pack (one a producer with a shorter pack_after
-                # made): both are looked at.
-                self._look_at[shard] = self._packs_at[shard] = 0.0
+                self._look_at[shard] = 0.0
+                # Or an earlier pack (one a producer with a shorter pack_after made, at least 5 s ahead): looked
+                # at within a second, not at every wake (a look per park under load delayed promotion).
+                self._packs_at[shard] = min(self._packs_at[shard], time.monotonic() + PACKS_AFTER_WAKE)
         return shards is not None
 
     # -- one cycle -------------------------------------------------------------------------------------
