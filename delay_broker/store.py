@@ -605,20 +605,21 @@ class DelayStore:
         ``on_conflict="replace"`` (debounce) gives an id that is already stored the new payload and due time;
         ``"keep"`` (dedup) leaves the stored one alone and reports it as kept.
         """
-        if on_conflict == "replace" and due is None and delay is not None and self._far is None:
-            parked = self._park_one(id, envelope, delay)
+        if on_conflict == "replace" and self._far is None:
+            parked = self._park_one(id, envelope, delay, due)
             if parked is not None:
                 return parked
         return self.park_many([ParkRequest(id, envelope, delay=delay, due=due)], on_conflict=on_conflict)[0]
 
-    def _park_one(self, id: str, envelope: Envelope, delay: Delay) -> ParkResult | None:
-        """A park of one id the store does not hold, a delay from now, untraced (every adapter's delayed send),
-        in one call of ``pack_one.lua`` or ``park_one.lua``: a third of park.lua's server time. None when the
+    def _park_one(self, id: str, envelope: Envelope, delay: Delay | None, due: datetime | None) -> ParkResult | None:
+        """A park of one id the store does not hold, untraced (every adapter's delayed send: Dramatiq's delay, Celery's
+        eta), in one call of ``pack_one.lua`` or ``park_one.lua``: a third of park.lua's server time. None when the
         script leaves the message to park.lua (the id is held, or anything unusual; nothing was written)."""
         if tracing.active():
             return None
         check_id(id)
-        millis = delay_to_ms(delay)
+        kind, value = _due_argument(delay, due, id)
+        when = value if kind == "d" else f"@{value}"
         encoded = self._encode_envelope(id, envelope, traced=False)
         self._layout_for_parking()
         shards = self._shards or self._read_layout("park")
@@ -627,12 +628,16 @@ class DelayStore:
         binary = binary_id(id)
         shape = self._index_shapes.get(shard, NEW_INDEX)
         partition = space.packs if binary == NOT_PACKABLE else space.packed(shape.partition(binary))
+        name, pack_after = None, self.pack_after_ms
+        if binary != NOT_PACKABLE and pack_after is not None:
+            # The pack is chosen by the estimated Redis clock; the script reads the clock itself for the due time.
+            now = self.estimated_now_ms()
+            due_ms = now + value if kind == "d" else value
+            name = pack_name(due_ms, now, pack_after) if due_ms - now >= pack_after else None
         try:
-            if binary != NOT_PACKABLE and self.pack_after_ms is not None and millis >= self.pack_after_ms:
-                now = self.estimated_now_ms()
-                name = pack_name(now + millis, now, self.pack_after_ms)
+            if name is not None:
                 width, slot = name.split(":")
-                args = [id, millis, encoded, binary, str(shape), name, width, slot, self.pack_after_ms]
+                args = [id, when, encoded, binary, str(shape), name, width, slot, self.pack_after_ms]
                 reply = self._run(
                     "pack_one", shard, [*args, MAX_DUE_MS, self._max_delay_arg()], extra=[partition, space.pack(name)]
                 )
@@ -641,7 +646,7 @@ class DelayStore:
                     if int(reply[1]):
                         self._split_index(shard, shape.partition(binary))
             else:
-                args = [id, millis, encoded, binary, str(shape), MAX_DUE_MS, self._max_delay_arg()]
+                args = [id, when, encoded, binary, str(shape), MAX_DUE_MS, self._max_delay_arg()]
                 reply = self._run("park_one", shard, args, extra=[partition])
                 if reply:
                     self._relay_wake(shard, reply[1])

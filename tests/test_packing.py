@@ -118,6 +118,22 @@ def test_a_message_due_far_ahead_is_packed_and_read_as_parked(store):
     assert stats.histogram == [0, 1, 0, 0] and stats.counters == {"parked": 1}
 
 
+def test_a_park_at_a_due_time_keeps_it_exactly_packed_or_not(store):
+    """Celery parks at an eta (due=): the one-message scripts take it as given, as park.lua does."""
+    now = datetime.now(timezone.utc)
+    cases = {
+        new_id(): now + timedelta(hours=1),
+        "order-9": now + timedelta(hours=1),
+        new_id(): now + timedelta(seconds=30),
+    }
+    cases[new_id()] = now - timedelta(minutes=1)  # an eta already passed: parked overdue, promoted at once
+    for id, due in cases.items():
+        assert store.park(id, envelope(), due=due).due_ms == due_to_ms(due)
+        assert store.get(id).due_ms == due_to_ms(due)
+    assert packed_ids(store) == {next(iter(cases))}
+    assert store.stats().overdue == 1
+
+
 def test_near_messages_and_other_ids_take_the_ordinary_layout(store):
     ids = [new_id(), "order-17", new_id().upper()]
     store.park_many(

@@ -14,7 +14,7 @@
 --   PACKED_SHAPE  STRING the packed index's shape
 --   WAKE      LIST wake marker (pushed when the pack becomes the earliest: see pack_append in _lib.lua)
 -- KEYS after the shard's: the id's packed index partition, the pack
--- ARGV[1] id  ARGV[2] delay, ms from Redis TIME  ARGV[3] envelope  ARGV[4] the id's 16-byte form
+-- ARGV[1] id  ARGV[2] delay, ms from Redis TIME, or '@' and the due time in epoch ms  ARGV[3] envelope  ARGV[4] the id's 16-byte form
 -- ARGV[5] the packed index's shape the partition was chosen by
 -- ARGV[6] the pack's name  ARGV[7], ARGV[8] its width and slot (the name's two numbers)
 -- ARGV[9] pack_after ms: the message is packed only when due at least half this ahead
@@ -28,7 +28,7 @@ local id, binary, name = ARGV[1], ARGV[4], ARGV[6]
 local partition, pack = KEYS[FIRST_EXTRA_KEY], KEYS[FIRST_EXTRA_KEY + 1]
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
-local due = now + tonumber(ARGV[2])
+local due = string.byte(ARGV[2]) == 64 and tonumber(string.sub(ARGV[2], 2)) or now + tonumber(ARGV[2])
 local max_delay = tonumber(ARGV[11])
 if due > tonumber(ARGV[10]) or (max_delay >= 0 and due - now > max_delay) or due - now < tonumber(ARGV[9]) / 2
         or tonumber(ARGV[7]) >= 4294967296 or tonumber(ARGV[8]) >= 4294967296 then

@@ -13,7 +13,7 @@
 --   PACKS     ZSET (only a placeholder key: see below)
 --   PACKED_SHAPE  STRING the packed index's shape
 -- KEYS after the shard's: the id's packed index partition (PACKS for an id never packed)
--- ARGV[1] id  ARGV[2] delay, ms from Redis TIME  ARGV[3] envelope  ARGV[4] the id's 16-byte form
+-- ARGV[1] id  ARGV[2] delay, ms from Redis TIME, or '@' and the due time in epoch ms  ARGV[3] envelope  ARGV[4] the id's 16-byte form
 -- ARGV[5] the packed index's shape the partition was chosen by  ARGV[6] max_due_ms  ARGV[7] max_delay_ms, or -1
 -- Returns {due ms, 1 if WAKE was pushed else 0}, or 0.
 
@@ -21,7 +21,7 @@ local id = ARGV[1]
 local partition = KEYS[FIRST_EXTRA_KEY]
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
-local due = now + tonumber(ARGV[2])
+local due = string.byte(ARGV[2]) == 64 and tonumber(string.sub(ARGV[2], 2)) or now + tonumber(ARGV[2])
 local max_delay = tonumber(ARGV[7])
 if due > tonumber(ARGV[6]) or (max_delay >= 0 and due - now > max_delay) then
     return 0
