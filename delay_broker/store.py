@@ -266,10 +266,14 @@ class DelayStore:
         try:
             yield
         except (redis.RedisError, RedisClusterException) as error:
-            translated = translate(error, doing)
-            if not isinstance(error, MasterNotFoundError):  # no Sentinel named one: asking again only waits
-                self._notice_failover()
-            raise translated from error
+            raise self._translated(error, doing) from error
+
+    def _translated(self, error: redis.RedisError | RedisClusterException, doing: str) -> DelayBrokerError:
+        """``error`` as delay_broker's, a failover noticed on the way."""
+        translated = translate(error, doing)
+        if not isinstance(error, MasterNotFoundError):  # no Sentinel named one: asking again only waits
+            self._notice_failover()
+        return translated
 
     def _notice_failover(self) -> None:
         """Log once when a Sentinel-managed master has moved (redis-py follows it by itself)."""
@@ -398,17 +402,11 @@ class DelayStore:
             if write and replicas:
                 return self._run_replicated(name, space, keys, args, replicas)
             return self._evalsha(name, keys, args)
-        except redis.ResponseError as error:
-            elsewhere = packing.packed_elsewhere(error)
+        except (redis.RedisError, RedisClusterException) as error:
+            elsewhere = packing.packed_elsewhere(error) if isinstance(error, redis.ResponseError) else None
             if elsewhere is not None:
                 raise elsewhere from None
-            self._notice_failover()
-            raise translate(error, name) from error
-        except (redis.RedisError, RedisClusterException) as error:
-            translated = translate(error, name)
-            if not isinstance(error, MasterNotFoundError):
-                self._notice_failover()
-            raise translated from error
+            raise self._translated(error, name) from error
 
     def _run_by_id(
         self,
@@ -636,11 +634,8 @@ class DelayStore:
             name = pack_name(due_ms, now, pack_after) if due_ms - now >= pack_after else None
         try:
             if name is not None:
-                width, slot = name.split(":")
-                args = [id, when, encoded, binary, str(shape), name, width, slot, self.pack_after_ms]
-                reply = self._run(
-                    "pack_one", shard, [*args, MAX_DUE_MS, self._max_delay_arg()], extra=[partition, space.pack(name)]
-                )
+                args = [id, when, encoded, binary, str(shape), name, pack_after, MAX_DUE_MS, self._max_delay_arg()]
+                reply = self._run("pack_one", shard, args, extra=[partition, space.pack(name)])
                 if reply:
                     self._relay_wake(shard, reply[2])
                     if int(reply[1]):

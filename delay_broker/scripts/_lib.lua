@@ -388,13 +388,9 @@ local PACK_HEADER = 22
 -- delay_broker.packing.SPLIT_AT.
 local SPLIT_AT = 128
 
+-- `n` (below 2^48) in 6 big-endian bytes.
 local function u48_text(n)
-    local bytes = {}
-    for i = 6, 1, -1 do
-        bytes[i] = n % 256
-        n = math.floor(n / 256)
-    end
-    return string.char(unpack(bytes))
+    return struct.pack('>I2I4', math.floor(n / 4294967296), n % 4294967296)
 end
 
 -- The due time of a packed record, or nil when the record is too short to hold one.
@@ -518,12 +514,13 @@ local function pack_locate(count, first_key, stride, shape, binaries, expected, 
     return found, stale, nil
 end
 
--- Wakes a promoter when pack `name`, whose earliest due time just went down, is now the first to open. A
--- promoter looks at packs on a timer set by its own pack_after: a producer with a shorter one makes packs
--- due before that timer ends. Called after the writes, so a WAKE of the wrong type skips the wake (the timer
--- still opens the pack) rather than failing a park that is done. Returns whether it woke one.
-local function wake_for_pack(packs_key, name, wake_key)
-    if redis.call('ZRANGE', packs_key, 0, 0)[1] ~= name then
+-- Wakes a promoter when one of the packs `earlier` (a set of names whose earliest due time just went down) is
+-- now the first to open. A promoter looks at packs on a timer set by its own pack_after: a producer with a
+-- shorter one makes packs due before that timer ends. Called after the writes, so a WAKE of the wrong type
+-- skips the wake (the timer still opens the pack) rather than failing a park that is done. Returns whether it
+-- woke one.
+local function wake_for_pack(packs_key, earlier, wake_key)
+    if not earlier[redis.call('ZRANGE', packs_key, 0, 0)[1]] then
         return false
     end
     local kind = redis.call('TYPE', wake_key)['ok']

@@ -16,9 +16,8 @@
 -- KEYS after the shard's: the id's packed index partition, the pack
 -- ARGV[1] id  ARGV[2] delay, ms from Redis TIME, or '@' and the due time in epoch ms  ARGV[3] envelope  ARGV[4] the id's 16-byte form
 -- ARGV[5] the packed index's shape the partition was chosen by
--- ARGV[6] the pack's name  ARGV[7], ARGV[8] its width and slot (the name's two numbers)
--- ARGV[9] pack_after ms: the message is packed only when due at least half this ahead
--- ARGV[10] max_due_ms  ARGV[11] max_delay_ms, or -1
+-- ARGV[6] the pack's name  ARGV[7] pack_after ms: the message is packed only when due at least half this ahead
+-- ARGV[8] max_due_ms  ARGV[9] max_delay_ms, or -1
 -- Returns {due ms, 1 if the partition is past SPLIT_AT else 0, 1 if WAKE was pushed else 0}, or 0.
 -- The reads come first and see the types of the keys they read. The record is the first write (over
 -- maxmemory, the one Redis refuses); PACKS and STATS, not read before, come next: one of the wrong type stops
@@ -29,9 +28,8 @@ local partition, pack = KEYS[FIRST_EXTRA_KEY], KEYS[FIRST_EXTRA_KEY + 1]
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
 local due = string.byte(ARGV[2]) == 64 and tonumber(string.sub(ARGV[2], 2)) or now + tonumber(ARGV[2])
-local max_delay = tonumber(ARGV[11])
-if due > tonumber(ARGV[10]) or (max_delay >= 0 and due - now > max_delay) or due - now < tonumber(ARGV[9]) / 2
-        or tonumber(ARGV[7]) >= 4294967296 or tonumber(ARGV[8]) >= 4294967296 then
+local max_delay = tonumber(ARGV[9])
+if due > tonumber(ARGV[8]) or (max_delay >= 0 and due - now > max_delay) or due - now < tonumber(ARGV[7]) / 2 then
     return 0
 end
 if redis.call('HEXISTS', MSG, id) == 1 or redis.call('ZSCORE', DEAD, id)
@@ -44,12 +42,11 @@ if not base or not live then
     return 0
 end
 
-local record = binary .. struct.pack('>I2I4', math.floor(due / 4294967296), due % 4294967296) .. ARGV[3]
-local position = base + redis.call('RPUSH', pack, record) - 1
+local position = base + redis.call('RPUSH', pack, binary .. u48_text(due) .. ARGV[3]) - 1
 local earlier = redis.call('ZADD', PACKS, 'LT', 'CH', due, name) == 1
 redis.call('HINCRBY', STATS, 'parked', 1)
-redis.call('HSET', partition, binary, struct.pack('>I4I4I4', tonumber(ARGV[7]), tonumber(ARGV[8]), position))
+redis.call('HSET', partition, binary, location_value(name, position))
 redis.call('HSET', PACK_LIVE, name, live + 1)
-local woke = earlier and wake_for_pack(PACKS, name, WAKE) and 1 or 0
+local woke = earlier and wake_for_pack(PACKS, {[name] = true}, WAKE) and 1 or 0
 -- Every eighth record of a pack looks at its partition's size: enough to split in time, at an eighth of the cost.
 return {due, (position % 8 == 0 and redis.call('HLEN', partition) > SPLIT_AT) and 1 or 0, woke}

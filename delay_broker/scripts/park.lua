@@ -284,9 +284,8 @@ if delivered > 0 then
 end
 if woke == 1 then
     wake_one(WAKE)
-elseif next(earlier_packs) then
-    local first = redis.call('ZRANGE', PACKS, 0, 0)[1]
-    woke = (earlier_packs[first] and wake_for_pack(PACKS, first, WAKE)) and 1 or 0
+elseif next(earlier_packs) and wake_for_pack(PACKS, earlier_packs, WAKE) then
+    woke = 1
 end
 result[#result + 1] = woke
 local over, fullest = -1, 0

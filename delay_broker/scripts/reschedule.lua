@@ -78,7 +78,7 @@ if name then
     end
     local over, earlier = pack_append(KEYS[FIRST_EXTRA_KEY], target, name, ARGV[10], due, envelope, PACKS,
         PACK_BASE, PACK_LIVE)
-    return {due, (earlier and wake_for_pack(PACKS, name, WAKE)) and 1 or 0,
+    return {due, (earlier and wake_for_pack(PACKS, {[name] = true}, WAKE)) and 1 or 0,
         over and tonumber(string.match(KEYS[FIRST_EXTRA_KEY], ':packed:(%d+)$')) or -1}
 end
 if packed or ARGV[5] ~= '' then
