@@ -42,7 +42,17 @@ if TYPE_CHECKING:
 logger = logging.getLogger("delay_broker.metrics")
 
 PREFIX = "delay_broker"
-STORE_EVENTS = ("parked", "promoted", "dead_lettered", "dead_dropped", "retried", "cancelled", "requeued", "opened")
+STORE_EVENTS = (
+    "parked",
+    "replaced",
+    "promoted",
+    "dead_lettered",
+    "dead_dropped",
+    "retried",
+    "cancelled",
+    "requeued",
+    "opened",
+)
 """The store-wide counters :class:`StoreCollector` exposes (``delay_broker_store_events_total``)."""
 
 LATENESS_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0)

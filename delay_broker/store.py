@@ -813,7 +813,7 @@ class DelayStore:
         ids = [check_id(id) for id in ids]
         unique = list(dict.fromkeys(ids))
         if self._far is None:
-            removed = dict(zip(unique, self._cancel_in_redis(unique), strict=True))
+            removed = {id: bool(flag) for id, flag in zip(unique, self._cancel_in_redis(unique), strict=True)}
         else:
             removed = {}
             for chunk in _chunks(unique):
@@ -833,25 +833,26 @@ class DelayStore:
         # A retired row (see _retired) is no message: its copy in Redis is it, and may have run already.
         far = deleted.keys() - self._retired_rows(deleted)
         self._count("cancelled", [id for id, gone in zip(ids, in_redis, strict=True) if id in far and not gone])
-        return {id: id in far or gone for id, gone in zip(ids, in_redis, strict=True)}
+        return {id: id in far or bool(gone) for id, gone in zip(ids, in_redis, strict=True)}
 
-    def _cancel_in_redis(self, ids: list[str], *, replacing: bool = False) -> list[bool]:
+    def _cancel_in_redis(self, ids: list[str], *, replacing: bool = False) -> list[int]:
         """Remove the parked or dead copies of ``ids`` from Redis; ``replacing`` (by a far row) also those a
-        promoter holds, as a park in Redis would replace them."""
+        promoter holds, as a park in Redis would replace them. Per id: 2 = removed while parked, 1 = removed
+        while dead or in flight, 0 = not held."""
         mode = "replace" if replacing else "cancel"
-        removed: dict[str, bool] = {}
+        removed: dict[str, int] = {}
         for shard, group in self._by_shard(ids).items():
             missed: list[str] = []
             for chunk in _chunks(group):
                 reply = self._run_by_id("cancel", shard, chunk, [mode, *chunk])
                 for id, flag in zip(chunk, reply, strict=True):
-                    removed[id] = bool(int(flag))
+                    removed[id] = int(flag)
                     if not int(flag):
                         missed.append(id)
             if shard != 0 and missed:  # a schedule's occurrence lives in shard 0
                 for chunk in _chunks(missed):
                     for id, flag in zip(chunk, self._run_by_id("cancel", 0, chunk, [mode, *chunk]), strict=True):
-                        removed[id] = bool(int(flag))
+                        removed[id] = int(flag)
         return [removed[id] for id in ids]
 
     def reschedule(
@@ -1108,6 +1109,10 @@ class DelayStore:
                     if replaced:
                         self._forget_tokens(shard, list(replaced.values()))
         assert parked is not None
+        # park.lua counted as parked what was new to Redis; the ones that replace a row were parked already.
+        renewed = [result.id for result in parked if result.id in replaced and result.outcome == "new"]
+        self._count("parked", renewed, sign=-1)
+        self._count("replaced", renewed)
         for n, result in zip(chunk, parked, strict=True):
             results[n] = dataclasses.replace(result, outcome="replaced") if result.id in replaced else result
 
@@ -1145,7 +1150,7 @@ class DelayStore:
                 in_redis = self._held_in_redis([id for id in ids if id not in previous])
                 if in_redis:
                     rows.delete(list(in_redis))
-                cancelled: set[str] = set()
+                cancelled: dict[str, int] = {}
             else:  # a copy of the same id in Redis, even one a promoter holds, is replaced by the row
                 in_redis = {}
                 self._held_in_redis(ids)  # Redis answers, before anything is written there
@@ -1154,10 +1159,11 @@ class DelayStore:
                 except StoreUnavailable as error:
                     # Sent, but no answer: a copy in Redis may be gone already, so the rows stay (never none).
                     unsure, gone = error, []
-                cancelled = {id for id, was in zip(ids, gone, strict=False) if was}
+                cancelled = {id: was for id, was in zip(ids, gone, strict=False) if was}
         if unsure is not None:
             raise unsure
-        parked = []
+        parked: list[str] = []
+        renewed: list[str] = []
         for n in chunk:
             id = encoded[n][0]
             if id in in_redis:
@@ -1167,16 +1173,20 @@ class DelayStore:
             else:
                 replaced = id in previous or id in cancelled
                 results[n] = ParkResult(id, dues[n] or -1, "replaced" if replaced else "new")
-                parked.append(id)
+                # A message still parked (a row, or a copy parked in Redis) is counted as replaced, as park.lua
+                # counts it; one that was in flight or dead came back, and is counted as parked.
+                (renewed if id in previous or cancelled.get(id) == 2 else parked).append(id)
         self._count("parked", parked)
+        self._count("replaced", renewed)
 
-    def _count(self, field: str, ids: list[str]) -> None:
+    def _count(self, field: str, ids: list[str], *, sign: int = 1) -> None:
         """Add what the far tier did to the store's counters (each id in its shard's), as the scripts count what
-        they do in Redis. Best effort: the rows are written, a counter that misses one is only a figure."""
+        they do in Redis; ``sign=-1`` takes back what a script counted. Best effort: the rows are written, a
+        counter that misses one is only a figure."""
         for shard, group in self._by_shard(ids).items():
             try:
                 with self._redis(f"counting {field}"):
-                    self.client.hincrby(self.shards[shard].stats, field, len(group))
+                    self.client.hincrby(self.shards[shard].stats, field, sign * len(group))
             except DelayBrokerError as error:
                 logger.warning(
                     "Store %r: counting %d %s message(s) failed: %s", self.keys.namespace, len(group), field, error

@@ -151,6 +151,17 @@ def test_rows_come_into_redis_within_the_horizon_and_run_once_after_due(tiered: 
     assert (counters.get("parked"), counters.get("moved_in"), counters.get("promoted")) == (20, 20, 20)
 
 
+def test_a_message_parked_again_across_the_tiers_is_counted_parked_once(tiered: Any) -> None:
+    store, _, _ = tiered
+    store.park("a", Envelope("ready", b"1"), delay=3600)  # a far row
+    store.park("a", Envelope("ready", b"2"), delay=3600)  # replaces the row
+    store.park("a", Envelope("ready", b"3"), delay=1)  # into Redis, replacing the row
+    store.park("a", Envelope("ready", b"4"), delay=3600)  # a far row again, replacing the copy in Redis
+    counters = store.stats().counters
+    assert (counters.get("parked"), counters.get("replaced")) == (1, 3), counters
+    assert store.get("a").envelope.payload == b"4"
+
+
 def test_cancel_and_reschedule_reach_either_tier(tiered: Any) -> None:
     store, client, _ = tiered
     store.park("a", Envelope("ready", b"a"), delay=3600)

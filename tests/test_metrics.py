@@ -122,7 +122,17 @@ def test_the_backlog_is_exposed_with_no_promoter_and_an_empty_store(store: Delay
     assert ("delay_broker_next_due_timestamp_seconds", frozenset(ns.items())) not in samples
     assert not any(name.startswith("delay_broker_promoted") for name, _ in samples)  # no promoter here
     assert value(samples, "delay_broker_packed_messages", **ns) == 0
-    for event in ("parked", "promoted", "dead_lettered", "dead_dropped", "retried", "cancelled", "requeued", "opened"):
+    for event in (
+        "parked",
+        "replaced",
+        "promoted",
+        "dead_lettered",
+        "dead_dropped",
+        "retried",
+        "cancelled",
+        "requeued",
+        "opened",
+    ):
         # At 0 from the first scrape: increase() needs a first sample before the first dead letter.
         assert value(samples, "delay_broker_store_events_total", event=event, **ns) == 0, event
 

@@ -6,6 +6,7 @@ import dataclasses
 import math
 import threading
 import time
+import uuid
 from datetime import datetime, timedelta, timezone
 from decimal import Decimal
 from fractions import Fraction
@@ -197,6 +198,20 @@ def test_replace_mode_debounces(store):
     info = store.get("job")
     assert info.due_ms == later.due_ms and info.envelope.payload == b"second"
     assert store.stats().parked == 1
+
+
+@pytest.mark.parametrize("id", ["job", str(uuid.UUID(int=7))], ids=["ordinary", "packed"])
+def test_a_park_repeated_counts_one_message_parked_and_the_rest_replaced(store, ready_key, id):
+    # A producer whose park got no answer parks again: 'parked' must still match what is promoted.
+    store.park(id, envelope(b"first"), delay=3600)
+    store.park(id, envelope(b"again"), delay=3600)
+    store.park_many([ParkRequest(id, envelope(b"third"), delay=0)])
+    assert store.stats().counters == {"parked": 1, "replaced": 2}
+    assert promote(store, ready_key) == 1
+    store.park(id, envelope(b"next"), delay=0)
+    assert len(store.claim(10, 30, "p").messages) == 1
+    store.park(id, envelope(b"retried"), delay=0)  # a Dramatiq retry re-parks a message under way: it came back
+    assert store.stats().counters == {"parked": 3, "replaced": 2, "promoted": 2}
 
 
 def test_cancel(store, client, ready_key):

@@ -124,7 +124,8 @@ class StoreMachine(RuleBasedStateMachine):
         if existing is not None and existing.state == "inflight":
             self.counters["promoted"] += 1  # its delivery was under way: counted as promoted by the re-park
         self.model[id] = Entry("due", payload, ready=now, packed=not now and binary_id(id) != NOT_PACKABLE)
-        self.counters["parked"] += 1
+        # A message still parked is replaced; one that came back (from a delivery or the dead) is parked again.
+        self.counters["replaced" if existing is not None and existing.state == "due" else "parked"] += 1
         TALLY["parks"] += 1
         TALLY["packed parks"] += self.model[id].packed
 

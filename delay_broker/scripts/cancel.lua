@@ -19,8 +19,9 @@
 -- ARGV[2..#ARGV - 3] ids
 -- ARGV[#ARGV - 2] .. ARGV[#ARGV]: the packed index's shape, the ids' 16-byte forms and their packed locations
 --         (see pack_locate)
--- Returns one flag per id: 1 = removed, 0 = not parked (unknown, already promoted, or in flight, unless
--- 'replace'); or a refusal of pack_locate, having written nothing.
+-- Returns one flag per id: 2 = removed while parked, 1 = removed while dead (or in flight, 'replace' only),
+-- 0 = not held (unknown, already promoted, or in flight, unless 'replace'); or a refusal of pack_locate,
+-- having written nothing.
 
 local replacing = ARGV[1] == 'replace'
 local count = #ARGV - 4
@@ -51,15 +52,19 @@ for i = 2, count + 1 do
         taken[id] = true
         pack_take(places[i - 1], PACKS, PACK_BASE, PACK_LIVE)
         cancelled = cancelled + 1
-    elseif redis.call('ZREM', DUE, id) == 1 or redis.call('ZREM', DEAD, id) == 1 then
-        cancelled = cancelled + 1  -- not counted when replacing: the far row is the same message, parked again
+        result[i - 1] = 2
+    elseif redis.call('ZREM', DUE, id) == 1 then
+        cancelled = cancelled + 1
+        result[i - 1] = 2
+    elseif redis.call('ZREM', DEAD, id) == 1 then
+        cancelled = cancelled + 1
     elseif replacing and redis.call('ZREM', INFLIGHT, id) == 1 then
         redis.call('HDEL', LEASED, id)
         delivered = delivered + 1
     else
         result[i - 1] = 0
     end
-    if result[i - 1] == 1 then
+    if result[i - 1] ~= 0 then
         removed[#removed + 1] = id
     end
 end
@@ -68,6 +73,7 @@ if #removed > 0 then
     redis.call('HDEL', ATTEMPTS, unpack(removed))
     redis.call('HDEL', ERRORS, unpack(removed))
 end
+-- Not counted when replacing: the far row is the same message, parked again (and counted there).
 if cancelled > 0 and not replacing then
     redis.call('HINCRBY', STATS, 'cancelled', cancelled)
 end

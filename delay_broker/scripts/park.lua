@@ -8,7 +8,7 @@
 --   ATTEMPTS  HASH id -> failed attempts
 --   ERRORS    HASH id -> last error
 --   WAKE      LIST wake marker
---   STATS     HASH counters ('parked'; 'moved_in' when adopting far rows)
+--   STATS     HASH counters ('parked', 'replaced'; 'moved_in' when adopting far rows)
 --   CRON      HASH schedule name -> due ms of the latest occurrence parked for it (decimal digits only; any
 --             other value is a malformed record, refused)
 --   SCHEDULES_REV  STRING revision of the runtime schedules' definitions
@@ -187,10 +187,16 @@ if schedule ~= '' then
 end
 
 -- What will be written, decided before writing: the keys it writes are checked first.
-local writing, replacing, earliest = 0, false, false
+local writing, renewing, replacing, earliest = 0, 0, false, false
 for n = 1, count do
     if not moved[n] and (not held[n] or replace) then
         writing = writing + 1
+        -- A message still parked that is parked again (a debounce, or a producer's retry of a park whose reply
+        -- it lost) is counted as replaced: 'parked' counts messages that came in, each once, to be matched
+        -- against what went out (promoted, cancelled ...). One in flight or dead came back in: parked.
+        if places[n] or (held[n] and held[n] >= 0) then
+            renewing = renewing + 1
+        end
         replacing = replacing or (held[n] ~= nil and not places[n])
         if not packing[n] and (not earliest or dues[n] < earliest) then
             earliest = dues[n]
@@ -198,6 +204,7 @@ for n = 1, count do
     end
 end
 local woke = (earliest and (not head or earliest < head)) and 1 or 0
+local fresh = adopting and writing or writing - renewing
 if writing > 0 then
     -- MSG and DUE were read above, which checked their types. The keys only written are checked here, the
     -- rare ones with TYPE; STATS by its first write, which comes before any other: a refusal there leaves
@@ -206,7 +213,8 @@ if writing > 0 then
         or (retiring and wrong_type(MOVED, 'zset'))
         or (replacing and wrong_type(LEASED, 'hash', ATTEMPTS, 'hash', ERRORS, 'hash'))
         -- A far row was counted as parked when it was parked: moving it in is counted apart.
-        or count_first(STATS, adopting and 'moved_in' or 'parked', writing)
+        or (fresh > 0 and count_first(STATS, adopting and 'moved_in' or 'parked', fresh))
+        or (fresh < writing and count_first(STATS, 'replaced', writing - fresh))
     if problem then
         return problem
     end
