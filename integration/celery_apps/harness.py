@@ -189,6 +189,7 @@ class CeleryEnv:
     def close(self) -> None:
         for worker in self.workers:
             worker.stop()
+            worker.log.unlink(missing_ok=True)
         self.recorder.delete(self.env["DBT_RECORD_KEY"])
         with contextlib.suppress(Exception):
             for space in self.store.shards:  # one slot per shard: a Cluster takes each delete
