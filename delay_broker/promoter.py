@@ -556,13 +556,13 @@ class Promoter:
                 with tracing.promote_span(message.id, message.envelope.route, message.envelope.extra):
                     self.deliverer.deliver(message)
             except DeliveryRefused as error:
-                done.failures.append((message.id, f"delivery refused: {error}", "dead"))
+                done.failures.append((message.id, f"delivery refused: {_text(error)}", "dead"))
             except TargetUnavailable as error:
                 done.outage = error
-                done.failures.append((message.id, f"target unavailable: {error}", "release"))
+                done.failures.append((message.id, f"target unavailable: {_text(error)}", "release"))
             except Exception as error:
                 # Type and text, not repr(): redis-py's exceptions leave their message out of repr().
-                reason = f"delivery failed: {type(error).__name__}: {error}"
+                reason = f"delivery failed: {type(error).__name__}: {_text(error)}"
                 logger.warning("Promoter %s: delivering %s failed: %s", self.id, message.id, reason)
                 done.failures.append((message.id, reason, "retry"))
             else:
@@ -652,3 +652,9 @@ def _seconds_until(target_ms: int | None, now_ms: int, default: float) -> float:
     if target_ms is None:
         return default
     return (target_ms - now_ms) / 1000.0
+
+
+def _text(error: BaseException) -> str:
+    """The error's text, with what UTF-8 cannot encode (a file name's undecodable bytes, say) escaped: it is
+    logged and stored, and a log handler writing UTF-8 would fail on it."""
+    return str(error).encode("utf-8", "backslashreplace").decode()

@@ -98,7 +98,7 @@ def consume_all(rabbit: RabbitNode, queue: str) -> Counter[str]:
         for method, _, body in channel.consume(queue, inactivity_timeout=3):
             if method is None:
                 # A quiet spell is not the end while RabbitMQ still holds ready messages (it can pause under
-                # load, paging 100,000 messages).
+                # load, paging tens of thousands of messages).
                 ready = channel.queue_declare(queue, passive=True).method.message_count
                 if ready == 0 or time.monotonic() > deadline:
                     break
@@ -141,12 +141,17 @@ def nothing_left(store: DelayStore) -> bool:
     return stats.parked + stats.inflight == 0
 
 
-@pytest.mark.timeout(900)  # 100,000 sends, promotions and acks on 2 cores; the wait below allows 600 s
-def test_four_promoters_deliver_a_hundred_thousand_messages_into_rabbitmq(redis_server, own_rabbit, unique):
+# 30,000: at about 700 a second into one RabbitMQ node on 2 cores, 100,000 cost CI two minutes more and showed
+# nothing more (the chaos run's RabbitMQ lane, outside CI, promotes 360,000 through kills and failovers).
+TO_RABBITMQ = 30_000
+
+
+@pytest.mark.timeout(900)  # sends, promotions and acks on 2 cores; the wait below allows 600 s
+def test_four_promoters_deliver_tens_of_thousands_of_messages_into_rabbitmq(redis_server, own_rabbit, unique):
     env = app_env(redis_server, own_rabbit, unique)
-    ids = park(env, 100_000)
+    ids = park(env, TO_RABBITMQ)
     store = DelayStore(redis_server.client(), namespace=env["DB_STORE_NS"])
-    assert store.stats().parked == 100_000
+    assert store.stats().parked == TO_RABBITMQ
     started = time.monotonic()
     processes = [promoter(env, "--batch", "500") for _ in range(4)]
     try:
@@ -157,7 +162,7 @@ def test_four_promoters_deliver_a_hundred_thousand_messages_into_rabbitmq(redis_
     seen = consume_all(own_rabbit, env["DB_QUEUES"])
     duplicates = sum(seen.values()) - len(seen)
     print(
-        f"\n4 promoters into RabbitMQ: parked 100000, delivered {len(seen)}, lost {len(ids - set(seen))}, "
+        f"\n4 promoters into RabbitMQ: parked {TO_RABBITMQ}, delivered {len(seen)}, lost {len(ids - set(seen))}, "
         f"duplicated {duplicates}, {len(seen) / seconds:.0f} msg/s"
     )
     assert set(seen) == ids, "no message lost"

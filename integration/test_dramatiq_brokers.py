@@ -39,7 +39,8 @@ ROOT = Path(__file__).resolve().parent.parent
 SCENARIOS = ("parked", "packed", "month", "native", "retry", "longretry", "cancel", "load", "sqs6h", "toolarge")
 THRESHOLD_MS = 1000
 PACK_AFTER_MS = 10_000
-LOAD = 2000
+# moto answers one call at a time: on SQS a quarter of the load shows the same and spares CI two minutes.
+LOADS = {"redis": 2000, "rabbitmq": 2000, "sqs": 500}
 
 
 def now_ms() -> int:
@@ -277,23 +278,25 @@ def test_cancelled_before_due_never_runs(deployment: Deployment) -> None:
 
 
 @pytest.mark.timeout(900)  # the module's worker start-up counts too; the default 300 s is tight on 2 cores
-def test_two_workers_promote_two_thousand_messages(deployment: Deployment, record_property: Any) -> None:
-    """Two worker processes, each with its promoter thread, on 2,000 messages due within a few seconds."""
+def test_two_workers_promote_thousands_of_messages(deployment: Deployment, record_property: Any) -> None:
+    """Two worker processes, each with its promoter thread, on 2,000 messages (SQS: 500) due within a few
+    seconds."""
     store = deployment.app.middleware.store
+    load = LOADS[deployment.kind]
     assert wait_for(lambda: store.stats().live_promoters >= 2, 30, "two live promoters")
     actor = deployment.actor("load")
-    tokens = [f"load-{n}" for n in range(LOAD)]
+    tokens = [f"load-{n}" for n in range(load)]
     started = time.monotonic()
     for n, token in enumerate(tokens):
         # Due 2 to 4 s after sending, spread evenly: above the 1 s threshold, all parked.
-        actor.send_with_options(args=(token,), delay=2000 + (n * 2000) // LOAD)
+        actor.send_with_options(args=(token,), delay=2000 + (n * 2000) // load)
     sent = time.monotonic() - started
     assert store.stats().parked + store.stats().inflight > 0
 
     def all_ran() -> bool:
-        return len({event["token"] for event in deployment.events() if event["event"] == "run"} & set(tokens)) == LOAD
+        return len({event["token"] for event in deployment.events() if event["event"] == "run"} & set(tokens)) == load
 
-    wait_for(all_ran, 240 if deployment.kind == "sqs" else 150, f"all {LOAD} messages ran", interval=0.5)
+    wait_for(all_ran, 240 if deployment.kind == "sqs" else 150, f"all {load} messages ran", interval=0.5)
     time.sleep(2.0)
     counts = Counter(event["token"] for event in deployment.events() if event["event"] == "run")
     duplicates = sum(counts[token] - 1 for token in tokens)
@@ -301,7 +304,7 @@ def test_two_workers_promote_two_thousand_messages(deployment: Deployment, recor
     elapsed = time.monotonic() - started
     record_property("duplicates", duplicates)
     print(
-        f"\n{deployment.kind}: {LOAD} parked in {sent:.1f} s, all ran after {elapsed:.1f} s; "
+        f"\n{deployment.kind}: {load} parked in {sent:.1f} s, all ran after {elapsed:.1f} s; "
         f"lost {lost}, duplicates {duplicates}; store counters {store.stats().counters}"
     )
     assert lost == 0
