@@ -5,6 +5,7 @@ set -euo pipefail
 
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="${DELAY_BROKER_VENV:-$ROOT/.venv}"
+OLDEST_VENV="${DELAY_BROKER_OLDEST_VENV:-$ROOT/.venv-oldest}"  # scripts/matrix: the oldest supported versions
 PYTHON="${PYTHON:-python3}"
 
 apt_install() {
@@ -55,4 +56,35 @@ ensure_venv() {
         "$VENV/bin/python" -m pip install -q ${constraints:+-c "$constraints"} -e "$ROOT[$extras]"
         echo "$wanted" > "$stamp"
     fi
+}
+
+run_together() {
+    # run_together NAME COMMAND [NAME COMMAND ...]: the commands at once (each a bash -c string, its output in
+    # a log printed when all have ended); fails if any failed. SIGTERM is passed on to every one, so each pytest
+    # tears its servers down as it would alone; Ctrl-C reaches them from the terminal (a second signal would cut
+    # their clean-up short), and meanwhile this waits for them.
+    local names=() pids=() logs=() status=0 rc pid n
+    while [ $# -ge 2 ]; do
+        local log
+        log="$(mktemp -t delay-broker-run-XXXXXX.log)"
+        bash -c "$2" >"$log" 2>&1 &
+        names+=("$1") pids+=($!) logs+=("$log")
+        shift 2
+    done
+    trap 'kill -TERM "${pids[@]}" 2>/dev/null || true' TERM
+    trap ':' INT
+    for n in "${!pids[@]}"; do
+        pid="${pids[$n]}"
+        while true; do
+            rc=0
+            wait "$pid" || rc=$?
+            kill -0 "$pid" 2>/dev/null || break  # ended: rc is its status (else a signal cut the wait short)
+        done
+        echo "=== ${names[$n]} (exit $rc)" >&2
+        cat "${logs[$n]}"
+        rm -f "${logs[$n]}"
+        [ "$rc" -eq 0 ] || status=$rc
+    done
+    trap - INT TERM
+    return "$status"
 }
