@@ -60,10 +60,8 @@ ensure_venv() {
 
 run_together() {
     # run_together NAME COMMAND [NAME COMMAND ...]: the commands at once (each a bash -c string, its output in
-    # a log printed when all have ended); fails if any failed. SIGTERM is passed on to every one, so each pytest
-    # tears its servers down as it would alone; Ctrl-C reaches them from the terminal (a second signal would cut
-    # their clean-up short), and meanwhile this waits for them.
-    local names=() pids=() logs=() status=0 rc pid n
+    # a log printed when all have ended); fails if any failed. Interrupts are passed on (see _await_all).
+    local names=() pids=() logs=() status=0 n
     while [ $# -ge 2 ]; do
         local log
         log="$(mktemp -t delay-broker-run-XXXXXX.log)"
@@ -71,20 +69,37 @@ run_together() {
         names+=("$1") pids+=($!) logs+=("$log")
         shift 2
     done
-    trap 'kill -TERM "${pids[@]}" 2>/dev/null || true' TERM
-    trap ':' INT
+    _await_all "${pids[@]}" || true
     for n in "${!pids[@]}"; do
-        pid="${pids[$n]}"
+        echo "=== ${names[$n]} (exit ${_statuses[$n]})" >&2
+        cat "${logs[$n]}"
+        rm -f "${logs[$n]}"
+        [ "${_statuses[$n]}" -eq 0 ] || status="${_statuses[$n]}"
+    done
+    return "$status"
+}
+
+run_forwarding() {
+    # run_forwarding COMMAND [ARG ...]: COMMAND with its output as it comes, interrupts passed on (see _await_all).
+    "$@" &
+    _await_all $! || true
+    return "${_statuses[0]}"
+}
+
+_await_all() {
+    # _await_all PID ...: wait for each background job, its status in _statuses. A background job of a script
+    # ignores SIGINT, and SIGTERM to this script would end it at once and leave the job running (a pytest and
+    # its servers): both are passed on to the jobs as SIGTERM, which a pytest here unwinds like Ctrl-C.
+    local pids=("$@") pid rc
+    _statuses=()
+    trap 'kill -TERM "${pids[@]}" 2>/dev/null || true' INT TERM
+    for pid in "${pids[@]}"; do
         while true; do
             rc=0
             wait "$pid" || rc=$?
             kill -0 "$pid" 2>/dev/null || break  # ended: rc is its status (else a signal cut the wait short)
         done
-        echo "=== ${names[$n]} (exit $rc)" >&2
-        cat "${logs[$n]}"
-        rm -f "${logs[$n]}"
-        [ "$rc" -eq 0 ] || status=$rc
+        _statuses+=("$rc")
     done
     trap - INT TERM
-    return "$status"
 }
