@@ -42,9 +42,11 @@ def _store(client: redis.Redis, url: str | None, **tier: Any) -> DelayStore:
 
 def _drop(client: redis.Redis, store: DelayStore) -> None:
     delete_store(store)
-    if store._far is not None:
-        with psycopg.connect(store._far.url, autocommit=True) as connection:
-            connection.execute(f"DELETE FROM {store._far.table} WHERE namespace = %s", (store._far.namespace,))
+    if store._tier.table is not None:
+        with psycopg.connect(store._tier.table.url, autocommit=True) as connection:
+            connection.execute(
+                f"DELETE FROM {store._tier.table.table} WHERE namespace = %s", (store._tier.table.namespace,)
+            )
 
 
 def redis_bytes_per_far_message(client: redis.Redis, pg_url: str, count: int) -> float:

@@ -30,6 +30,9 @@ import struct
 import uuid
 from dataclasses import dataclass
 
+from .clock import Delay, delay_to_ms
+from .errors import ConfigurationError, InvalidDelay
+
 SLICES = 16
 """Packs per doubling of distance: a pack is at most a sixteenth of its messages' distance wide, so a message
 spends at most that share of its wait back in the ordinary layout."""
@@ -72,6 +75,57 @@ def pack_name(due_ms: int, now_ms: int, pack_after_ms: int) -> str:
     level = (distance // pack_after_ms).bit_length() - 1
     width = min(max(MIN_WIDTH, (pack_after_ms << level) // SLICES), MAX_WIDTH)
     return f"{width}:{due_ms // width}"
+
+
+DEFAULT_PACK_AFTER_MS = 300_000
+MIN_PACK_AFTER_MS = 10_000
+"""Packs are for messages due minutes ahead: a pack is opened half a ``pack_after`` before it is due, and a
+shorter one would have promoters open packs all the time."""
+
+
+def check_pack_after(value: Delay | None) -> int | None:
+    """``pack_after`` (seconds or a timedelta; None packs nothing) in milliseconds, or :class:`ConfigurationError`
+    saying what is wrong. The one check every door (the store, the Celery options, the CLI) applies."""
+    if value is None:
+        return None
+    try:
+        millis = delay_to_ms(value)
+    except InvalidDelay as error:
+        raise ConfigurationError(f"pack_after: {error} (give seconds or a timedelta)") from None
+    if millis < MIN_PACK_AFTER_MS:
+        raise ConfigurationError(f"pack_after must be at least 10 seconds (or None), got {value!r}")
+    return millis
+
+
+@dataclass(frozen=True)
+class PackPolicy:
+    """When a message is packed, and when packs are opened, for one ``pack_after`` (ms; None packs nothing)."""
+
+    after_ms: int | None = DEFAULT_PACK_AFTER_MS
+
+    @classmethod
+    def of(cls, value: Delay | None) -> PackPolicy:
+        return cls(check_pack_after(value))
+
+    def target(self, binary: bytes, due_ms: int, now_ms: int) -> str | None:
+        """The pack a message (its 16-byte id) due at ``due_ms`` goes to when parked at ``now_ms``, or None."""
+        after = self.after_ms
+        if after is None or due_ms - now_ms < after or binary == NOT_PACKABLE:
+            return None
+        return pack_name(due_ms, now_ms, after)
+
+    @property
+    def min_ahead_ms(self) -> int:
+        """How far ahead a script, by the Redis clock, still packs a message given a pack (-1: never). The store
+        chose the pack by its estimate of that clock: half of ``pack_after`` leaves room for the estimate's error
+        and still keeps a packed message minutes from its due time."""
+        return -1 if self.after_ms is None else (self.after_ms + 1) // 2
+
+    @property
+    def lead_ms(self) -> int:
+        """How long before a pack's earliest due time promoters open it: half of ``pack_after`` (of the default
+        when this store packs nothing: others may)."""
+        return (self.after_ms or DEFAULT_PACK_AFTER_MS) // 2
 
 
 def pack_start(name: str) -> int:

@@ -215,12 +215,13 @@ def test_a_mover_killed_after_its_adoption_never_moves_a_row_twice(tiered: Any) 
     now = store.now_ms()
 
     def adopt_then_die(rows: list[FarRow]) -> None:
-        store._adopt(rows, now + 5000)
+        store._tier.sweeper.adopt(rows, now + 5000)
         raise KeyboardInterrupt  # the process dies: its transaction never commits
 
     with pytest.raises(KeyboardInterrupt):
-        store._far.move(now + 10_000, 100, 5000, adopt_then_die)
-    assert store._far.get("once") is not None and client.zcard(store.keys.moved) == 1  # the row stayed, and its token
+        store._tier.table.move(now + 10_000, 100, 5000, adopt_then_die)
+    # The row stayed, and its token.
+    assert store._tier.table.get("once") is not None and client.zcard(store.keys.moved) == 1
     stats = store.stats()  # counted once: in Redis, where it was moved, not in the table it is leaving
     assert (stats.parked, stats.far) == (1, 0) and [info.id for info in store.list_messages()] == ["once"]
     wait_for(lambda: promote(store, target), 5, "the adopted copy promoted")
@@ -233,7 +234,9 @@ def test_a_stalled_mover_is_refused_once_its_lease_ran_out(tiered: Any) -> None:
     store, client, _ = tiered
     store.park("late", Envelope("ready", b"late"), delay=HORIZON + 0.3)
     with pytest.raises(StoreError, match="stalled past its lease"):
-        store._far.move(store.now_ms() + 10_000, 100, 5000, lambda rows: store._adopt(rows, store.now_ms() - 1))
+        store._tier.table.move(
+            store.now_ms() + 10_000, 100, 5000, lambda rows: store._tier.sweeper.adopt(rows, store.now_ms() - 1)
+        )
     assert store.stats().far == 1 and redis_holds(client, store) == (0, 0) and client.zcard(store.keys.moved) == 0
 
 
@@ -243,11 +246,11 @@ def mover_dies_after_adopting(store: DelayStore) -> None:
     now = store.now_ms()
 
     def adopt_then_die(rows: list[FarRow]) -> None:
-        store._adopt(rows, now + 5000)
+        store._tier.sweeper.adopt(rows, now + 5000)
         raise KeyboardInterrupt  # the process dies: its row delete never commits
 
     with pytest.raises(KeyboardInterrupt):
-        store._far.move(now + 3_700_000, 100, 5000, adopt_then_die)  # type: ignore[union-attr]
+        store._tier.table.move(now + 3_700_000, 100, 5000, adopt_then_die)  # type: ignore[union-attr]
 
 
 def test_a_row_left_behind_its_recorded_token_is_deleted_and_its_id_free_again(tiered: Any) -> None:
@@ -257,13 +260,20 @@ def test_a_row_left_behind_its_recorded_token_is_deleted_and_its_id_free_again(t
     store, client, target = tiered
     store.park("left", Envelope("ready", b"old"), delay=3600)
     mover_dies_after_adopting(store)
-    assert store._far is not None and store._far.get("left") is not None and client.zcard(store.keys.moved) == 1
+    assert (
+        store._tier.table is not None
+        and store._tier.table.get("left") is not None
+        and client.zcard(store.keys.moved) == 1
+    )
     assert store.forget_moved_orphans() == 0, "a recent token is left alone"
-    with psycopg.connect(store._far.url) as holder:  # a park or mover holding the row: not waited for long
-        holder.execute(f"SELECT 1 FROM {store._far.table} WHERE token = %s FOR UPDATE", (store._far.get("left").token,))
+    with psycopg.connect(store._tier.table.url) as holder:  # a park or mover holding the row: not waited for long
+        holder.execute(
+            f"SELECT 1 FROM {store._tier.table.table} WHERE token = %s FOR UPDATE",
+            (store._tier.table.get("left").token,),
+        )
         assert store.forget_moved_orphans(older_than=0) == 0 and client.zcard(store.keys.moved) == 1
     assert store.forget_moved_orphans(older_than=0) == 1
-    assert store._far.get("left") is None and client.zcard(store.keys.moved) == 0
+    assert store._tier.table.get("left") is None and client.zcard(store.keys.moved) == 0
     assert store.reschedule("left", delay=0) is not None  # the copy in Redis is the message
     wait_for(lambda: promote(store, target), 5, "the moved copy promoted")
     assert store.park("left", Envelope("ready", b"new"), delay=3600, on_conflict="keep").outcome == "new"
@@ -278,7 +288,7 @@ def test_an_id_whose_row_is_retired_is_free_for_keep_parks_and_not_rescheduled(t
     for id in ("far", "near"):
         store.park(id, Envelope("ready", b"old"), delay=3600)
     mover_dies_after_adopting(store)
-    assert store._cancel_in_redis(["far", "near"]) == [2, 2]  # removed while parked, as if the moved copies had run
+    assert store._parking.cancel(["far", "near"]) == [2, 2]  # removed while parked, as if the moved copies had run
     assert store.reschedule("far", delay=60) is None
     assert store.park("far", Envelope("ready", b"new"), delay=3600, on_conflict="keep").outcome == "new"
     assert store.park("near", Envelope("ready", b"new"), delay=1, on_conflict="keep").outcome == "new"
@@ -292,7 +302,7 @@ def test_cancel_of_an_id_whose_row_is_retired_and_whose_message_ran_reports_noth
     store, _, _ = tiered
     store.park("ran", Envelope("ready", b"old"), delay=3600)
     mover_dies_after_adopting(store)
-    assert store._cancel_in_redis(["ran"]) == [2]  # removed while parked, as if the moved copy had run
+    assert store._parking.cancel(["ran"]) == [2]  # removed while parked, as if the moved copy had run
     counted = store.stats().counters.get("cancelled")
     assert store.cancel("ran") is False
     assert store.stats().counters.get("cancelled") == counted
@@ -389,26 +399,26 @@ def test_a_near_park_whose_commit_failed_never_lets_the_row_it_replaced_run(
     target = f"commit-{unique}:ready"
     try:
         store.park("job", Envelope("ready", b"far"), delay=HORIZON + 0.5)
-        real_park = store._park
+        real_park = store._parking.park_chunk
 
         def park_then_postgresql_dies(*args: Any, **kwargs: Any) -> Any:
             parked = real_park(*args, **kwargs)
             own_postgres.stop("immediate")  # the row's delete, after the park in Redis, never commits
             return parked
 
-        store._park = park_then_postgresql_dies  # type: ignore[method-assign]
+        store._parking.park_chunk = park_then_postgresql_dies  # type: ignore[method-assign]
         # Parked, and so reported: raising made the adapters send the message another way too, to run twice.
         assert store.park("job", Envelope("ready", b"near"), delay=0.2).outcome == "replaced"
-        store._park = real_park  # type: ignore[method-assign]
+        store._parking.park_chunk = real_park  # type: ignore[method-assign]
         own_postgres.start()
-        assert store._far is not None and store._far.get("job") is not None, "the delete was rolled back"
+        assert store._tier.table is not None and store._tier.table.get("job") is not None, "the delete was rolled back"
         info = store.get("job")
         assert info is not None and info.envelope is not None and info.envelope.payload == b"near", "not the row"
         stats = store.stats()
         assert (stats.parked, stats.far) == (1, 0), "counted once, as the copy in Redis"
         wait_for(lambda: promote(store, target), 5, "the near copy promoted")
         wait_for(lambda: store.sweep_far() == 1, 5, "the old row, within the horizon, deleted as moved in already")
-        assert store._far.get("job") is None and store.get("job") is None and client.zcard(store.keys.moved) == 0
+        assert store._tier.table.get("job") is None and store.get("job") is None and client.zcard(store.keys.moved) == 0
         assert promote(store, target) == 0 and client.lrange(target, 0, -1) == [b"near"], "run once, the near copy"
     finally:
         client.delete(target, *client.scan_iter(match=store.keys.pattern))
@@ -575,7 +585,7 @@ def test_a_cancel_waits_for_a_park_moving_the_id_between_the_tiers(tiered: Any) 
     store.park("x", Envelope("ready", b"near"), delay=1)  # within the horizon: in Redis, no row
     other = DelayStore(client, namespace=store.keys.namespace, far_tier=store.far_tier)
     assert other.get("warm-up") is None  # its connection made, as a running process's is
-    cancel_in_redis = store._cancel_in_redis
+    cancel_in_redis = store._parking.cancel
     halfway = threading.Event()
 
     def then_pause(ids: list[str], *, replacing: bool = False) -> list[bool]:
@@ -584,7 +594,7 @@ def test_a_cancel_waits_for_a_park_moving_the_id_between_the_tiers(tiered: Any) 
         time.sleep(1.0)  # the row not committed yet
         return gone
 
-    store._cancel_in_redis = then_pause  # type: ignore[method-assign]
+    store._parking.cancel = then_pause  # type: ignore[method-assign]
     parking = threading.Thread(target=lambda: store.park("x", Envelope("ready", b"far"), delay=3600))
     parking.start()
     assert halfway.wait(10)
@@ -598,7 +608,7 @@ def test_parks_of_one_id_in_two_tiers_at_once_leave_the_later_one(tiered: Any) -
     both tiers, then replaces it, so exactly one copy is left, the second's."""
     store, client, _ = tiered
     other = DelayStore(client, namespace=store.keys.namespace, far_tier=store.far_tier)
-    cancel_in_redis = store._cancel_in_redis
+    cancel_in_redis = store._parking.cancel
     near: dict[str, Any] = {}
 
     def row_written_then_other_parks(ids: list[str], *, replacing: bool = False) -> list[bool]:
@@ -612,7 +622,7 @@ def test_parks_of_one_id_in_two_tiers_at_once_leave_the_later_one(tiered: Any) -
         near["thread"] = thread
         return cancel_in_redis(ids, replacing=replacing)
 
-    store._cancel_in_redis = row_written_then_other_parks  # type: ignore[method-assign]
+    store._parking.cancel = row_written_then_other_parks  # type: ignore[method-assign]
     assert store.park("x", Envelope("ready", b"far"), delay=3600).outcome == "new"
     near["thread"].join(10)
     assert near["result"].outcome == "replaced"
@@ -811,21 +821,21 @@ def test_a_far_park_that_raises_because_redis_is_down_leaves_no_row(postgres: Po
         server.stop()
         with pytest.raises(StoreUnavailable):
             store.park("job", Envelope("ready", b"x"), delay=3600, on_conflict=on_conflict)  # type: ignore[arg-type]
-        assert store._far is not None and store._far.get("job") is None
-        assert store._far.get("warm-up") is not None
+        assert store._tier.table is not None and store._tier.table.get("job") is None
+        assert store._tier.table.get("warm-up") is not None
     finally:
         server.close()
         with psycopg.connect(postgres.url, autocommit=True) as connection:
-            connection.execute("DELETE FROM delay_broker_far WHERE namespace = %s", (store._far.namespace,))  # type: ignore[union-attr]
+            connection.execute("DELETE FROM delay_broker_far WHERE namespace = %s", (store._tier.table.namespace,))  # type: ignore[union-attr]
 
 
 def test_finds_counts_and_bulk_actions_see_a_message_moving_in_once(tiered: Any) -> None:
     store, client, _ = tiered
     sweeper = DelayStore(client, namespace=store.keys.namespace, far_tier=store.far_tier)  # another promoter
     store.park_many(ParkRequest(f"a{n}", Envelope("q", b"x"), delay=3600 + n) for n in range(3))
-    assert store._far is not None
+    assert store._tier.table is not None
     for n in range(3):  # as if an hour had gone by: within the horizon, for the next sweep
-        store._far.reschedule(f"a{n}", store.now_ms() + 1500, None, "", "")
+        store._tier.table.reschedule(f"a{n}", store.now_ms() + 1500, None, "", "")
     real_scan_far = store.scan_far
 
     def sweep_first(**arguments: Any) -> Any:  # the other promoter's sweep commits between the two reads
@@ -842,11 +852,11 @@ def test_finds_counts_and_bulk_actions_see_a_message_moving_in_once(tiered: Any)
     now = store.now_ms()
 
     def adopt_then_die(rows: list[FarRow]) -> None:
-        store._adopt(rows, now + 5000)
+        store._tier.sweeper.adopt(rows, now + 5000)
         raise KeyboardInterrupt  # its transaction never commits: the row stays, its copy is in Redis
 
     with pytest.raises(KeyboardInterrupt):
-        store._far.move(now + 10_000, 100, 5000, adopt_then_die)
+        store._tier.table.move(now + 10_000, 100, 5000, adopt_then_die)
     operations = Operations(store)
     assert [info.id for info in operations.find(MessageFilter()).messages] == ["b"]
     assert operations.count(MessageFilter()).matched == 1

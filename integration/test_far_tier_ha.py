@@ -48,7 +48,7 @@ def rows_left(postgres: PostgresServer, store: DelayStore) -> int:
     """The store's rows in PostgreSQL, retired ones too (``stats().far`` leaves those out)."""
     with psycopg.connect(postgres.url, autocommit=True) as connection:
         sql = "SELECT count(*) FROM delay_broker_far WHERE namespace = %s"
-        return int(connection.execute(sql, (store._far.namespace,)).fetchone()[0])  # type: ignore[union-attr,index]
+        return int(connection.execute(sql, (store._tier.table.namespace,)).fetchone()[0])  # type: ignore[union-attr,index]
 
 
 def test_a_move_a_replica_does_not_confirm_leaves_the_rows(
@@ -85,7 +85,7 @@ def test_a_move_a_replica_does_not_confirm_leaves_the_rows(
     finally:
         client.delete(*client.scan_iter(match=store.keys.pattern))
         with psycopg.connect(postgres.url, autocommit=True) as connection:
-            connection.execute("DELETE FROM delay_broker_far WHERE namespace = %s", (store._far.namespace,))  # type: ignore[union-attr]
+            connection.execute("DELETE FROM delay_broker_far WHERE namespace = %s", (store._tier.table.namespace,))  # type: ignore[union-attr]
         client.close()
 
 
@@ -150,4 +150,4 @@ def test_a_cluster_master_down_holds_up_the_far_rows_of_its_own_shards_only(
                 os.kill(process.pid, signal.SIGCONT)
             store.client.close()
             with psycopg.connect(postgres.url, autocommit=True) as connection:
-                connection.execute("DELETE FROM delay_broker_far WHERE namespace = %s", (store._far.namespace,))  # type: ignore[union-attr]
+                connection.execute("DELETE FROM delay_broker_far WHERE namespace = %s", (store._tier.table.namespace,))  # type: ignore[union-attr]

@@ -226,11 +226,12 @@ def test_two_openers_of_the_same_head_move_each_record_once(store):
     store.park_many([ParkRequest(id, envelope(), delay=HOUR) for id in ids])
     [name] = [n.decode() for n in store.client.zrange(store.keys.packs, 0, -1)]
     pack = store.keys.pack(name)
-    base, head = store._run("open_pack", 0, ["peek", name, 20], extra=[pack], write=False)
-    store._open_pack(0, name)  # another promoter takes the same head first
+    base, head = store._runner.run("open_pack", 0, ["peek", name, 20], extra=[pack], write=False)
+    store._packs.open_chunk(0, name)  # another promoter takes the same head first
     shape = IndexShape.parse((store.client.get(store.keys.packed_shape) or b"0:0").decode())
     partitions = [store.keys.packed(shape.partition(head[n : n + 16])) for n in range(0, len(head), 16)]
-    assert store._run("open_pack", 0, ["open", name, 20, base, head, str(shape)], extra=[pack, *partitions]) == [-1]
+    opened = store._runner.run("open_pack", 0, ["open", name, 20, base, head, str(shape)], extra=[pack, *partitions])
+    assert opened == [-1]
     open_everything(store)
     assert store.client.zcard(store.keys.due) == 50 and store.stats().counters["opened"] == 50
 
@@ -246,7 +247,7 @@ def test_a_call_told_an_old_place_finds_the_message_where_it_is_now(store):
     old_pack = store.keys.pack(Location.parse(before).pack)
     shape = (store.client.get(store.keys.packed_shape) or b"0:0").decode()
     with pytest.raises(PackedElsewhere) as raised:
-        store._run("get", 0, [id, shape, binary_id(id), before], extra=[partition_of(store, id), old_pack])
+        store._runner.run("get", 0, [id, shape, binary_id(id), before], extra=[partition_of(store, id), old_pack])
     assert raised.value.locations == {1: Location.parse(now)}
     pipelined = Exception(f"Command # 1 (EVALSHA) of pipeline caused error: PACKED 3 {now} 5 -")
     assert packed_elsewhere(pipelined).locations == {3: Location.parse(now), 5: None}
@@ -310,15 +311,15 @@ def test_listings_and_counts_made_while_a_pack_is_opened_show_its_messages_once(
     packed = new_id()
     store.park(packed, envelope(b"X"), delay=HOUR)
     store.park_many([ParkRequest(f"ordinary-{n}", envelope(), delay=HOUR + n) for n in range(2)])
-    real_entries, real_scan = store._index_entries, store.scan_index
+    real_entries, real_scan = store._reading.index_entries, store.scan_index
 
     def opened_before_the_index_is_read(*args, **kwargs):
         open_everything(store)  # a promoter opens the pack between the packs' read and the index's
         return real_entries(*args, **kwargs)
 
-    monkeypatch.setattr(store, "_index_entries", opened_before_the_index_is_read)
+    monkeypatch.setattr(store._reading, "index_entries", opened_before_the_index_is_read)
     assert sorted(info.id for info in store.list_messages()) == sorted([packed, "ordinary-0", "ordinary-1"])
-    monkeypatch.setattr(store, "_index_entries", real_entries)
+    monkeypatch.setattr(store._reading, "index_entries", real_entries)
     store.reschedule(packed, due=datetime.fromtimestamp((now + 2 * HOUR * 1000) / 1000, timezone.utc))
     assert store.stats().packed == 1
 

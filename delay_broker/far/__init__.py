@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ..clock import Delay, delay_to_ms
-from ..errors import ConfigurationError, InvalidMessage
+from ..errors import ConfigurationError
+from .rows import FarRow, check_storable
 
 if TYPE_CHECKING:
     from .table import FarTable
@@ -27,25 +28,6 @@ if TYPE_CHECKING:
 __all__ = ["FarRow", "FarTier", "check_storable"]
 
 DEFAULT_HORIZON = 6 * 3600.0
-
-
-def check_storable(id: str, route: str, name: str) -> None:
-    """Refuse a far message PostgreSQL cannot hold: its text columns take no NUL character."""
-    if "\x00" in id + route + name:
-        raise InvalidMessage(
-            f"far tier: {id!r} has a NUL character in its id, route or name, which PostgreSQL text cannot hold: "
-            "park it within the horizon, or give it another id"
-        )
-
-
-@dataclass(frozen=True)
-class FarRow:
-    """One far message as the table holds it."""
-
-    id: str
-    due_ms: int
-    token: int
-    record: bytes
 
 
 @dataclass(frozen=True)

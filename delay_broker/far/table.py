@@ -16,7 +16,7 @@ from typing import Any, TypeVar
 import psycopg
 
 from ..errors import ConfigurationError, FarTierUnavailable, InvalidMessage
-from . import FarRow
+from .rows import FarRow
 from .watchdog import WATCHDOG
 
 T = TypeVar("T")

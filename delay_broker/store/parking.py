@@ -1,0 +1,212 @@
+"""Parking in Redis: the one-message fast path, batches, a schedule's occurrences, far rows adopted; and the other
+writes by id in Redis (cancel, reschedule) and the look at which ids Redis holds."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any, Literal
+
+from ..clock import MAX_DUE_MS
+from ..errors import DelayBrokerError, StoreUnavailable
+from ..keys import shard_of
+from ..packing import NOT_PACKABLE, PackPolicy, binary_id
+from ..records import OnConflict, ParkResult
+from .encoding import Due, Parcel
+from .replies import MAX_BATCH, chunks
+from .runner import Runner
+from .shards import Shards
+
+logger = logging.getLogger("delay_broker.store")
+
+OUTCOMES: tuple[Literal["kept", "new", "replaced", "stale", "moved"], ...] = (
+    "kept",
+    "new",
+    "replaced",
+    "stale",
+    "moved",
+)
+"""park.lua's outcome codes, in order."""
+
+
+class RedisParking:
+    """Writes messages into Redis by id, in their shards (a message's shard comes from its id).
+
+    Parameters:
+      shards, runner: the namespace's shards and the script runner.
+      pack: the packing policy (which messages go to packs).
+      max_delay_arg: ``max_delay`` as the scripts take it (ms, or -1 for none).
+    """
+
+    def __init__(self, shards: Shards, runner: Runner, pack: PackPolicy, max_delay_arg: int) -> None:
+        self.shards = shards
+        self.runner = runner
+        self.pack = pack
+        self.max_delay_arg = max_delay_arg
+
+    # -- parks -----------------------------------------------------------------------------------------
+
+    def park_one(self, parcel: Parcel) -> ParkResult | None:
+        """A park of one id the store does not hold, untraced (every adapter's delayed send: Dramatiq's delay,
+        Celery's eta), in one call of ``pack_one.lua`` or ``park_one.lua``: a third of park.lua's server time.
+        None when the script leaves the message to park.lua (the id is held, or anything unusual; nothing was
+        written)."""
+        self.shards.settle_for_parking()
+        spaces = self.shards.layout("park")
+        shard = 0 if len(spaces) == 1 else shard_of(parcel.id, len(spaces))
+        space = spaces[shard]
+        binary = binary_id(parcel.id)
+        shape = self.runner.shape(shard)
+        name = None
+        if binary == NOT_PACKABLE:
+            partition = space.packs
+        else:
+            partition = space.packed(shape.partition(binary))
+            if self.pack.after_ms is not None:
+                # The pack is chosen by the estimated Redis clock; the script reads the clock itself for the due time.
+                now = self.shards.estimated_now_ms()
+                name = self.pack.target(binary, parcel.due.at(now), now)
+        try:
+            if name is not None:
+                args = [parcel.id, parcel.due.wire, parcel.record, binary, str(shape), name, self.pack.after_ms]
+                args += [MAX_DUE_MS, self.max_delay_arg]
+                reply = self.runner.run("pack_one", shard, args, extra=[partition, space.pack(name)])
+                if reply:
+                    self.shards.relay_wake(shard, reply[2])
+                    if int(reply[1]):
+                        self.runner.split_index(shard, shape.partition(binary))
+            else:
+                args = [parcel.id, parcel.due.wire, parcel.record, binary, str(shape), MAX_DUE_MS, self.max_delay_arg]
+                reply = self.runner.run("park_one", shard, args, extra=[partition])
+                if reply:
+                    self.shards.relay_wake(shard, reply[1])
+        except StoreUnavailable:
+            raise
+        except DelayBrokerError:  # a refusal: park.lua, which wrote nothing either, says what it is
+            return None
+        return ParkResult(parcel.id, int(reply[0]), "new") if reply else None
+
+    def park(self, parcels: list[Parcel], on_conflict: OnConflict) -> list[ParkResult]:
+        """Park each message with park.lua: one call per 1,000 per shard, each chunk all or nothing."""
+        if len(self.shards.layout("park")) == 1:
+            results: list[ParkResult] = []
+            for start in range(0, len(parcels), MAX_BATCH):
+                results.extend(self.park_chunk(0, parcels[start : start + MAX_BATCH], on_conflict))
+            return results
+        by_position: dict[int, ParkResult] = {}
+        groups: dict[int, list[int]] = {}
+        for position, parcel in enumerate(parcels):
+            groups.setdefault(self.shards.shard_for(parcel.id), []).append(position)
+        for shard, positions in groups.items():
+            for chunk in chunks(positions):
+                parked = self.park_chunk(shard, [parcels[p] for p in chunk], on_conflict)
+                by_position.update(zip(chunk, parked, strict=True))
+        return [by_position[position] for position in range(len(parcels))]
+
+    def park_occurrence(self, schedule: str, parcel: Parcel, revision: int | None) -> ParkResult:
+        """Park a schedule's occurrence in shard 0 (see :meth:`DelayStore.park_occurrence`)."""
+        # No max_delay: an occurrence is parked a period ahead (a month for a monthly schedule), which the
+        # application chose when it declared the schedule; the limit guards individual sends.
+        expected = "" if revision is None else str(revision)
+        return self.park_chunk(0, [parcel], "keep", schedule, max_delay_ms=-1, revision=expected)[0]
+
+    def park_chunk(
+        self,
+        shard: int,
+        chunk: list[Parcel],
+        on_conflict: OnConflict,
+        schedule: str = "",
+        *,
+        max_delay_ms: int | None = None,
+        revision: str = "",
+        adopt: tuple[int, list[int]] | None = None,
+        retire: Sequence[int] = (),
+        replicas: int | None = None,
+    ) -> list[ParkResult]:
+        """One park.lua call: ``adopt`` (the mover's deadline and the rows' tokens) moves far rows in;
+        ``retire`` are the tokens of far rows the park replaces (see park.lua)."""
+        limit = self.max_delay_arg if max_delay_ms is None else max_delay_ms
+        fence, tokens = (
+            ("", " ".join(map(str, retire))) if adopt is None else (str(adopt[0]), " ".join(map(str, adopt[1])))
+        )
+        pack_after = -1 if self.pack.after_ms is None else self.pack.after_ms
+        args: list[Any] = [on_conflict, MAX_DUE_MS, schedule, limit, revision, fence, tokens, pack_after]
+        for parcel in chunk:
+            args.extend((parcel.id, "a" if parcel.due.absolute else "d", parcel.due.ms, parcel.record))
+        ids = [parcel.id for parcel in chunk]
+        targets = self.pack_targets(shard, [(parcel.id, parcel.due) for parcel in chunk])
+        reply = self.runner.by_id("park", shard, ids, args, targets=targets, replicas=replicas)
+        self.shards.relay_wake(shard, reply[-3])
+        if int(reply[-2]) >= 0:
+            self.runner.split_index(shard, int(reply[-2]), int(reply[-1]))
+        return [
+            ParkResult(parcel.id, int(reply[2 * n]), OUTCOMES[int(reply[2 * n + 1])]) for n, parcel in enumerate(chunk)
+        ]
+
+    def pack_targets(self, shard: int, messages: Sequence[tuple[str, Due]]) -> list[str]:
+        """Per message, the pack it is appended to when it is due at least ``pack_after`` ahead (by the Redis
+        clock as estimated here: the script decides by its own), else the shard's ``packs`` key (none)."""
+        space = self.shards.spaces[shard]
+        if self.pack.after_ms is None:
+            return [space.packs] * len(messages)
+        now = self.shards.estimated_now_ms()
+        targets = []
+        for id, due in messages:
+            name = self.pack.target(binary_id(id), due.at(now), now)
+            targets.append(space.packs if name is None else space.pack(name))
+        return targets
+
+    # -- other writes by id ----------------------------------------------------------------------------
+
+    def cancel(self, ids: list[str], *, replacing: bool = False) -> list[int]:
+        """Remove the parked or dead copies of ``ids`` from Redis; ``replacing`` (by a far row) also those a
+        promoter holds, as a park in Redis would replace them. Per id: 2 = removed while parked, 1 = removed
+        while dead or in flight, 0 = not held."""
+        mode = "replace" if replacing else "cancel"
+        removed: dict[str, int] = {}
+        for shard, group in self.shards.by_shard(ids).items():
+            missed: list[str] = []
+            for chunk in chunks(group):
+                reply = self.runner.by_id("cancel", shard, chunk, [mode, *chunk])
+                for id, flag in zip(chunk, reply, strict=True):
+                    removed[id] = int(flag)
+                    if not int(flag):
+                        missed.append(id)
+            if shard != 0 and missed:  # a schedule's occurrence lives in shard 0
+                for chunk in chunks(missed):
+                    for id, flag in zip(chunk, self.runner.by_id("cancel", 0, chunk, [mode, *chunk]), strict=True):
+                        removed[id] = int(flag)
+        return [removed[id] for id in ids]
+
+    def reschedule(self, id: str, due: Due, record: bytes, limit: int, expected: bytes) -> int | None:
+        """Move ``id``'s parked copy in Redis to ``due`` (``record``, when not empty, replaces its envelope; see
+        reschedule.lua): the new due time (ms), or None when Redis holds no parked copy of it."""
+        pack_after = -1 if self.pack.after_ms is None else self.pack.after_ms
+        kind = "a" if due.absolute else "d"
+        for shard in self.shards.to_search(id):
+            moved, woke, over = self.runner.by_id(
+                "reschedule",
+                shard,
+                [id],
+                [id, kind, due.ms, MAX_DUE_MS, record, limit, expected, pack_after],
+                targets=self.pack_targets(shard, [(id, due)]),
+            )
+            if int(over) >= 0:
+                self.runner.split_index(shard, int(over))
+            if int(moved) >= 0:
+                self.shards.relay_wake(shard, woke)
+                return int(moved)
+        return None
+
+    def held(self, ids: list[str]) -> dict[str, int]:
+        """The ids of ``ids`` that Redis holds, with their due time (-1 in flight or dead), as park.lua tells
+        held ids apart: one ``held.lua`` call per 1,000 per shard (and shard 0, where occurrences live)."""
+        held: dict[str, int] = {}
+        for group in self.shards.by_shard(ids).values():
+            for number in self.shards.to_search(group[0]):
+                for chunk in chunks([id for id in group if id not in held]):
+                    reply = self.runner.by_id("held", number, chunk, chunk, write=False)
+                    for id, due in zip(chunk, reply, strict=True):
+                        if int(due) != -2:
+                            held[id] = int(due)
+        return held

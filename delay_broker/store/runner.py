@@ -1,0 +1,157 @@
+"""Script calls: by hash with a fallback, with a durable write's ``WAIT``, and by id with the retry that finds
+packed messages where the packed index says they are."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+import redis
+
+from .. import packing, scripts
+from ..connect import AnyRedis
+from ..errors import DelayBrokerError, StoreUnavailable
+from ..keys import Keyspace
+from ..packing import NOT_PACKABLE, NOWHERE, SPLIT_AT, IndexReshaped, IndexShape, Location, PackedElsewhere, binary_id
+from .replication import Replication
+from .replies import MAX_BATCH, text
+from .shards import RedisFailure, Shards
+
+logger = logging.getLogger("delay_broker.store")
+
+NEW_INDEX = IndexShape()
+"""The packed index's shape until a store sees another: one partition."""
+PACK_CALLS = 10
+"""Calls a by-id script is given to find the ids where the packed index says they are (see :meth:`Runner.by_id`)."""
+
+
+class Runner:
+    """Runs the store's scripts on its shards: each gets the keys it names (``scripts.keys_used``) and the call's
+    own; a write waits for the replicas the store asks for; errors come out as delay_broker's."""
+
+    def __init__(self, shards: Shards, replication: Replication) -> None:
+        self.shards = shards
+        self.replication = replication
+        client: AnyRedis = shards.client
+        self._scripts = {name: client.register_script(scripts.source(name)) for name in scripts.NAMES}
+        self._shapes: dict[int, IndexShape] = {}
+        """Per shard, the shape of the packed index as last seen (scripts refuse a stale one that matters)."""
+
+    def run(
+        self,
+        name: str,
+        shard: int,
+        args: Sequence[Any],
+        *,
+        extra: Sequence[str] = (),
+        write: bool = True,
+        replicas: int | None = None,
+    ) -> Any:
+        """Script ``name`` on a shard; a write waits for ``replicas`` (by default the store's) to confirm it."""
+        space = self.shards.space(shard, name)
+        keys = [*space.keys_of(scripts.keys_used(name)), *extra]
+        replicas = self.replication.replicas if replicas is None else replicas
+        try:  # as Shards.redis() does, without a context manager's cost on every call
+            if write and replicas:
+                return self.replication.write(
+                    name, space, lambda pipe: self._scripts[name](keys=keys, args=args, client=pipe), replicas
+                )
+            return self._evalsha(name, keys, args)
+        except RedisFailure as error:
+            elsewhere = packing.packed_elsewhere(error) if isinstance(error, redis.ResponseError) else None
+            if elsewhere is not None:
+                raise elsewhere from None
+            raise self.shards.translated(error, name) from error
+
+    def _evalsha(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
+        """Script ``name`` by its hash, sent whole (and so loaded) where the server lacks it. Not through redis-py's
+        ``Script``: on a Cluster its fallback loads the script on every primary, which fails while any one is
+        down and so held up the healthy shards; and its call adds client time to every park (an import and copies
+        of the arguments each time)."""
+        client = self.shards.client
+        sha = self._scripts[name].sha
+        try:
+            return client.evalsha(sha, len(keys), *keys, *args)
+        except redis.exceptions.NoScriptError:
+            if self.shards.cluster:  # sent whole, it is loaded on the node of its keys only
+                return client.eval(scripts.source(name), len(keys), *keys, *args)
+            client.script_load(scripts.source(name))  # not EVAL: the least ACL allows only EVALSHA
+            return client.evalsha(sha, len(keys), *keys, *args)
+
+    # -- the packed index ------------------------------------------------------------------------------
+
+    def shape(self, shard: int) -> IndexShape:
+        return self._shapes.get(shard, NEW_INDEX)
+
+    def reshaped(self, shard: int, shape: IndexShape) -> None:
+        self._shapes[shard] = shape
+
+    def partition_key(self, space: Keyspace, shard: int, binary: bytes) -> str:
+        """The packed index partition a 16-byte id is in, by the shape last seen (``packs`` for an id never
+        packed: a key of the shard that stands for none)."""
+        return space.packs if binary == NOT_PACKABLE else space.packed(self.shape(shard).partition(binary))
+
+    def by_id(
+        self,
+        name: str,
+        shard: int,
+        ids: Sequence[str],
+        args: Sequence[Any],
+        *,
+        targets: Sequence[str] | None = None,
+        write: bool = True,
+        replicas: int | None = None,
+    ) -> Any:
+        """Script ``name`` on ``ids`` of a shard, told where each is packed (see ``pack_locate`` in the Lua helpers).
+
+        It is first told that none is; a script that finds ids packed elsewhere writes nothing and says where
+        they are, and is called again with that (a pack opened, or an id parked again, in between moves them
+        again); one given an index partition that a split moved an id out of says the index's shape, and is
+        called again with the partitions of that. ``targets``: per id, the pack a park may append it to (the
+        shard's ``packs`` key for none)."""
+        space = self.shards.space(shard, name)
+        binaries = [binary_id(id) for id in ids]
+        binaries_arg = b"".join(binaries)
+        where: list[Location | None] = [None] * len(ids)
+        for _ in range(PACK_CALLS):
+            shape = self.shape(shard)
+            extra: list[str] = []
+            for n, binary in enumerate(binaries):
+                location = where[n]
+                extra.append(space.packed(shape.partition(binary)) if binary != NOT_PACKABLE else space.packs)
+                extra.append(space.packs if location is None else space.pack(location.pack))
+                if targets is not None:
+                    extra.append(targets[n])
+            locations = " ".join(NOWHERE if location is None else str(location) for location in where)
+            arguments = [*args, str(shape), binaries_arg, locations]
+            try:
+                return self.run(name, shard, arguments, extra=extra, write=write, replicas=replicas)
+            except PackedElsewhere as elsewhere:
+                for position, location in elsewhere.locations.items():
+                    where[position - 1] = location
+            except IndexReshaped as reshaped:
+                self._shapes[shard] = reshaped.shape
+        raise StoreUnavailable(
+            f"{name}: the messages kept moving between packs and the ordinary layout over {PACK_CALLS} calls; "
+            "doing it again is safe"
+        )
+
+    def split_index(self, shard: int, partition: int, size: int = SPLIT_AT + 1) -> None:
+        """Split partitions of the shard's packed index, the next ones in line, up to ``partition``, which a park
+        filled past :data:`~.packing.SPLIT_AT` (to ``size`` entries: a batch that filled one several times over
+        doubles the index as many times). Best effort: the park is done, and a later one asks again."""
+        space = self.shards.spaces[shard]
+        try:
+            shape = self.shape(shard)
+            wanted = shape.splits_to(partition) + (size // SPLIT_AT - 1) * shape.partitions
+            while wanted > 0:
+                pairs, _ = shape.splits(min(wanted, MAX_BATCH // 2))
+                keys = [space.packed(number) for pair in pairs for number in pair]
+                done, reply = self.run("split_index", shard, [str(shape), len(pairs)], extra=keys)
+                shape = self._shapes[shard] = IndexShape.parse(text(reply))
+                if not int(done):  # another process split meanwhile: a park asks again if need be
+                    return
+                wanted -= len(pairs)
+        except DelayBrokerError as error:
+            logger.debug("Store %r: splitting the packed index failed: %s", self.shards.keys.namespace, error)
