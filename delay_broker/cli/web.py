@@ -200,6 +200,8 @@ def describe(host: str, allowed: Any, security: Security) -> None:
     click.echo(f"  authentication: {auth}", err=True)
     click.echo(f"  answers to Host: {allowed}", err=True)
     click.echo(f"  session and form secret: {secret}", err=True)
+    if security.credentials.required and not is_loopback(host):
+        click.echo("  plain HTTP: on a network, put a TLS proxy in front (credentials cross it in clear)", err=True)
 
 
 COMMANDS = [web]

@@ -132,14 +132,13 @@ def trusted_origins(origins: Iterable[str]) -> frozenset[str]:
     :func:`delay_broker.web.create_app`; ConfigurationError for anything but an origin."""
     found = set()
     for origin in origins:
-        parts = urlsplit(origin.strip().lower().rstrip("/"))
         try:
-            port = parts.port
+            parts = urlsplit(origin.strip().lower().rstrip("/"))
+            if parts.scheme not in ("http", "https") or parts.path or parts.query or parts.fragment:
+                raise ValueError(origin)
+            found.add(_origin(parts.scheme, parts.netloc))
         except ValueError:
-            port = -1
-        if parts.scheme not in ("http", "https") or not parts.hostname or parts.path or parts.query or port == -1:
-            raise ConfigurationError(f"not an origin (scheme://host[:port], nothing after): {origin!r}")
-        found.add(_origin(parts.scheme, parts.netloc))
+            raise ConfigurationError(f"not an origin (scheme://host[:port], nothing after): {origin!r}") from None
     return frozenset(found)
 
 
@@ -158,10 +157,10 @@ def origin_refusal(request: Request, trusted: frozenset[str] = frozenset()) -> s
     origin = request.headers.get("origin")
     if origin is None or origin.strip().lower() == "null":
         return None
-    parts = urlsplit(origin.strip().lower())
-    if parts.scheme not in ("http", "https") or not parts.netloc:
-        return f"the form was sent from the origin {origin!r}"
     try:
+        parts = urlsplit(origin.strip().lower())
+        if parts.scheme not in ("http", "https") or not parts.netloc:
+            return f"the form was sent from the origin {origin!r}"
         if _origin(parts.scheme, parts.netloc) in trusted:
             return None
         own = split_host(request.headers.get("host", ""))
