@@ -7,10 +7,6 @@ from __future__ import annotations
 
 import os
 import socket
-import subprocess
-import sys
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -21,7 +17,7 @@ from click.testing import CliRunner, Result
 from delay_broker.cli import cli
 from delay_broker.embedded import EmbeddedRedis, free_port
 
-DASHBOARD_ENV = [name for name in os.environ if name.startswith("DELAY_BROKER_WEB_")]
+from .web_helpers import DASHBOARD_ENV, WebCommand, get
 
 
 @pytest.fixture
@@ -37,48 +33,17 @@ def run(redis_server: EmbeddedRedis, namespace: str) -> Any:
     return invoke
 
 
-class Served:
-    """A ``delay-broker web`` process; its first line of output is its URL."""
-
-    def __init__(self, redis_url: str, namespace: str, *args: str, env: dict[str, str] | None = None) -> None:
-        environment = {k: v for k, v in os.environ.items() if k not in DASHBOARD_ENV}
-        environment.update({"DELAY_BROKER_REDIS_URL": redis_url, "DELAY_BROKER_NAMESPACE": namespace, **(env or {})})
-        command = [sys.executable, "-m", "delay_broker", "web", "--port", "0", *args]
-        self.process = subprocess.Popen(
-            command, env=environment, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
-        )
-        assert self.process.stdout is not None
-        self.first_line = self.process.stdout.readline()
-        assert "http://" in self.first_line, self.stop()
-        self.url = self.first_line.split(": ", 1)[1].split()[0].rstrip("/")
-
-    def stop(self) -> str:
-        """Stop the server; its startup log (stderr)."""
-        self.process.terminate()
-        _, log = self.process.communicate(timeout=15)
-        return log
-
-
 @pytest.fixture
 def serve(redis_server: EmbeddedRedis, namespace: str) -> Iterator[Any]:
-    started: list[Served] = []
+    started: list[WebCommand] = []
 
-    def start(*args: str, env: dict[str, str] | None = None) -> Served:
-        started.append(Served(redis_server.url, namespace, *args, env=env))
+    def start(*args: str, env: dict[str, str] | None = None) -> WebCommand:
+        started.append(WebCommand(redis_server.url, namespace, *args, env=env))
         return started[-1]
 
     yield start
     for served in started:
-        if served.process.poll() is None:
-            served.stop()
-
-
-def get(url: str, headers: dict[str, str] | None = None) -> int:
-    try:
-        with urllib.request.urlopen(urllib.request.Request(url, headers=headers or {}), timeout=10) as response:
-            return int(response.status)
-    except urllib.error.HTTPError as error:
-        return error.code
+        served.stop()
 
 
 def test_the_url_is_printed_once_redis_answered_and_the_port_is_bound(serve: Any) -> None:
