@@ -20,65 +20,68 @@ NO_AUTH_ON_NETWORK = (
 )
 
 
+SECURITY_OPTIONS = [
+    click.option(
+        "--user",
+        envvar="DELAY_BROKER_WEB_USER",
+        show_envvar=True,
+        default="admin",
+        show_default=True,
+        help="User name for HTTP basic auth (its password: DELAY_BROKER_WEB_PASSWORD or --password-file).",
+    ),
+    click.option(
+        "--password-file",
+        envvar="DELAY_BROKER_WEB_PASSWORD_FILE",
+        show_envvar=True,
+        type=click.Path(dir_okay=False),
+        help="File whose first line is the basic-auth password (or set DELAY_BROKER_WEB_PASSWORD).",
+    ),
+    click.option(
+        "--token-file",
+        envvar="DELAY_BROKER_WEB_TOKEN_FILE",
+        show_envvar=True,
+        type=click.Path(dir_okay=False),
+        help="File whose first line is a bearer token to accept (or set DELAY_BROKER_WEB_TOKEN).",
+    ),
+    click.option(
+        "--secret-file",
+        envvar="DELAY_BROKER_WEB_SECRET_FILE",
+        show_envvar=True,
+        type=click.Path(dir_okay=False),
+        help="File whose first line signs sessions and form tokens (or set DELAY_BROKER_WEB_SECRET; default: "
+        "one generated per process).",
+    ),
+    click.option(
+        "--allowed-host",
+        "allowed_hosts",
+        multiple=True,
+        envvar="DELAY_BROKER_WEB_ALLOWED_HOSTS",
+        show_envvar=True,
+        metavar="NAME[:PORT]",
+        help="Also answer to this Host (repeat for several; the bound address and port always work).",
+    ),
+    click.option(
+        "--trusted-origin",
+        "trusted_origins",
+        multiple=True,
+        envvar="DELAY_BROKER_WEB_TRUSTED_ORIGINS",
+        show_envvar=True,
+        metavar="URL",
+        help="Accept forms from this origin (https://name[:port]) too: behind a proxy that rewrites Host.",
+    ),
+    click.option(
+        "--allow-unauthenticated",
+        is_flag=True,
+        help="Serve a non-loopback address without authentication (anyone who can reach it can act).",
+    ),
+]
+"""Authentication, the Host allow-list, trusted origins, the form secret and the opt-out flag. Secrets come from
+the environment or files only: a command line is visible to every user of the machine."""
+
+
 def security_options(func: F) -> F:
-    """Authentication, the Host allow-list, trusted origins, the form secret and the opt-out flag. Secrets come
-    from the environment or files only: a command line is visible to every user of the machine."""
-    options = [
-        click.option(
-            "--user",
-            envvar="DELAY_BROKER_WEB_USER",
-            show_envvar=True,
-            default="admin",
-            show_default=True,
-            help="User name for HTTP basic auth (its password: DELAY_BROKER_WEB_PASSWORD or --password-file).",
-        ),
-        click.option(
-            "--password-file",
-            envvar="DELAY_BROKER_WEB_PASSWORD_FILE",
-            show_envvar=True,
-            type=click.Path(dir_okay=False),
-            help="File whose first line is the basic-auth password (or set DELAY_BROKER_WEB_PASSWORD).",
-        ),
-        click.option(
-            "--token-file",
-            envvar="DELAY_BROKER_WEB_TOKEN_FILE",
-            show_envvar=True,
-            type=click.Path(dir_okay=False),
-            help="File whose first line is a bearer token to accept (or set DELAY_BROKER_WEB_TOKEN).",
-        ),
-        click.option(
-            "--secret-file",
-            envvar="DELAY_BROKER_WEB_SECRET_FILE",
-            show_envvar=True,
-            type=click.Path(dir_okay=False),
-            help="File whose first line signs sessions and form tokens (or set DELAY_BROKER_WEB_SECRET; default: "
-            "one generated per process).",
-        ),
-        click.option(
-            "--allowed-host",
-            "allowed_hosts",
-            multiple=True,
-            envvar="DELAY_BROKER_WEB_ALLOWED_HOSTS",
-            show_envvar=True,
-            metavar="NAME[:PORT]",
-            help="Also answer to this Host (repeat for several; the bound address and port always work).",
-        ),
-        click.option(
-            "--trusted-origin",
-            "trusted_origins",
-            multiple=True,
-            envvar="DELAY_BROKER_WEB_TRUSTED_ORIGINS",
-            show_envvar=True,
-            metavar="URL",
-            help="Accept forms from this origin (https://name[:port]) too: behind a proxy that rewrites Host.",
-        ),
-        click.option(
-            "--allow-unauthenticated",
-            is_flag=True,
-            help="Serve a non-loopback address without authentication (anyone who can reach it can act).",
-        ),
-    ]
-    for option in reversed(options):
+    """The :data:`SECURITY_OPTIONS`, in their order in ``--help``."""
+    for option in reversed(SECURITY_OPTIONS):
         func = option(func)
     return func
 
