@@ -19,6 +19,7 @@ CHROMIUM_ARGS = [
 ]
 
 
-def launch(playwright: Any) -> Any:
-    """A headless Chromium browser from a ``sync_playwright()`` context."""
-    return playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True)
+def launch(playwright: Any, *args: str) -> Any:
+    """A headless Chromium browser from a ``sync_playwright()`` context, with ``args`` added to its command line
+    (e.g. ``--host-resolver-rules=MAP evil.example 127.0.0.1``: a name of another site served on this machine)."""
+    return playwright.chromium.launch(executable_path=CHROMIUM, args=[*CHROMIUM_ARGS, *args], headless=True)

@@ -132,11 +132,20 @@ def page(browser: Browser) -> Iterator[Page]:
     context.close()
 
 
+def session_of(base: str) -> tuple[str, str]:
+    """A session the dashboard at ``base`` issued: its cookie (``name=value``) and the form token of its pages."""
+    with urllib.request.urlopen(base + "/messages?state=due", timeout=10) as response:
+        cookie = response.headers["Set-Cookie"].split(";", 1)[0]
+        (token,) = re.findall(r'name="csrf_token" value="([^"]+)"', response.read().decode())
+    return cookie, token
+
+
 def post_form(url: str, fields: dict[str, str]) -> Any:
-    """POST ``fields`` with a valid CSRF token (the cookie and the field agree)."""
-    token = "t" * 43
+    """POST ``fields`` as the dashboard's own form would: with the session cookie and form token a page of the
+    dashboard gave (the server signs both, so a made-up pair no longer passes)."""
+    cookie, token = session_of(url.rsplit("/actions", 1)[0])
     form = urllib.parse.urlencode({**fields, "csrf_token": token}).encode()
-    request = urllib.request.Request(url, data=form, headers={"Cookie": f"delay_broker_csrf={token}"})
+    request = urllib.request.Request(url, data=form, headers={"Cookie": cookie})
     return urllib.request.urlopen(request, timeout=10)
 
 

@@ -1,4 +1,6 @@
-"""The operations dashboard (``pip install 'delay-broker[web]'``): ``delay-broker web``, or mounted in your app.
+"""The operations dashboard (``pip install 'delay-broker[web]'``): ``delay-broker web``, or mounted in your app,
+behind your app's own authentication (docs/exposing-the-dashboard.md shows FastAPI and Django). Every process
+serving it needs the same secret: set ``DELAY_BROKER_WEB_SECRET`` (or pass ``secret=``).
 
 # FastAPI / Starlette (ASGI)
 from delay_broker.web import create_app
@@ -18,7 +20,7 @@ from .app import create_app
 
 
 def wsgi_app(store: DelayStore, **options: Any) -> Any:
-    """The dashboard as a WSGI application (a2wsgi's adapter around :func:`create_app`)."""
+    """The dashboard as a WSGI application (a2wsgi's adapter around :func:`create_app`, which takes ``options``)."""
     from a2wsgi import ASGIMiddleware
 
     return ASGIMiddleware(create_app(store, **options))  # type: ignore[arg-type]

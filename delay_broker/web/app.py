@@ -1,13 +1,14 @@
 """The dashboard: a Starlette (ASGI) app over the operations layer. Pages are rendered on the server with
 Jinja2 (autoescaped: stored data is always shown as text), charts are inline SVG, and no asset comes from
-anywhere but the app itself. Every write is a POST with a CSRF token; a read-only app refuses them all."""
+anywhere but the app itself. Every write is a POST from the dashboard's own origin with a form token signed for the
+browser's session (see csrf.py and security.py); a read-only app refuses them all."""
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from functools import partial
 from importlib import resources
 from typing import Any, TypeVar
@@ -15,6 +16,7 @@ from typing import Any, TypeVar
 from jinja2 import Environment, FileSystemLoader, select_autoescape
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
+from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Mount, Route
@@ -28,6 +30,9 @@ from ..schedules import RuntimeSchedules, schedule_rows
 from ..store import DelayStore, MessageInfo, check_id
 from . import csrf
 from .charts import bar_chart
+from .secret import Secret, resolve_secret
+from .security import SecurityHeaders, origin_refusal
+from .security import trusted_origins as trusted_origins_of
 from .views import (
     filter_fields,
     filter_from,
@@ -56,16 +61,37 @@ ACTIONS = {
 """Bulk and single actions: their button label and the state they apply to."""
 
 
-def create_app(store: DelayStore, *, read_only: bool = False, title: str = "delay_broker") -> Starlette:
-    """The dashboard for one store. Mount it in your ASGI app (FastAPI, Starlette) under any path, or serve
-    it with ``delay-broker web``; :func:`delay_broker.web.wsgi_app` wraps it for Django or Flask."""
+def create_app(
+    store: DelayStore,
+    *,
+    read_only: bool = False,
+    title: str = "delay_broker",
+    secret: str | bytes | Secret | None = None,
+    trusted_origins: Iterable[str] = (),
+) -> Starlette:
+    """The dashboard for one store. Mount it in your ASGI app (FastAPI, Starlette) under any path, behind your
+    app's authentication, or serve it with ``delay-broker web``; :func:`delay_broker.web.wsgi_app` wraps it for
+    Django or Flask (docs/exposing-the-dashboard.md shows both).
+
+    Parameters:
+      store: the store to show and act on.
+      read_only: show everything, refuse every write (403).
+      title: the name in each page's header.
+      secret: signs the session cookie and the form tokens (at least 16 characters). Default:
+        ``DELAY_BROKER_WEB_SECRET``, else one generated for the process (and a warning logged): every process
+        serving the same dashboard needs the same secret.
+      trusted_origins: origins (``https://name[:port]``) whose forms are accepted besides the request's own, for
+        a proxy that rewrites the Host header.
+    """
     directory = resources.files("delay_broker.web")
     environment = Environment(
         loader=FileSystemLoader(str(directory.joinpath("templates"))),
         autoescape=select_autoescape(default=True, default_for_string=True),
     )
     environment.filters.update(time=format_time, age=format_age, pretty=pretty_json)
-    dashboard = _Dashboard(store, read_only, title, environment)
+    dashboard = _Dashboard(
+        store, read_only, title, environment, csrf.Csrf(resolve_secret(secret)), trusted_origins_of(trusted_origins)
+    )
     routes = [
         Route("/", dashboard.overview, name="overview"),
         Route("/messages", dashboard.messages, name="messages"),
@@ -80,7 +106,9 @@ def create_app(store: DelayStore, *, read_only: bool = False, title: str = "dela
         # Redis down, failing over or refusing: a page that says so, not a bare 500 with a traceback in the log.
         return dashboard.render(request, "error.html", status=503, message=f"The store cannot be read now: {error}")
 
-    return Starlette(routes=routes, exception_handlers={StoreError: unavailable})
+    return Starlette(
+        routes=routes, middleware=[Middleware(SecurityHeaders)], exception_handlers={StoreError: unavailable}
+    )
 
 
 @dataclasses.dataclass
@@ -89,6 +117,8 @@ class _Dashboard:
     read_only: bool
     title: str
     environment: Environment
+    tokens: csrf.Csrf
+    trusted_origins: frozenset[str]
 
     @property
     def ops(self) -> Operations:
@@ -106,15 +136,11 @@ class _Dashboard:
             namespace=self.store.keys.namespace,
             read_only=self.read_only,
             csrf_field=csrf.FIELD,
-            csrf_token=csrf.token(request),
+            csrf_token=self.tokens.token(request),
             **context,
         )
-        response = HTMLResponse(page, status_code=status)
-        response.headers["Content-Security-Policy"] = (
-            "default-src 'none'; style-src 'self'; img-src 'self' data:; form-action 'self'; frame-ancestors 'none'"
-        )
-        response.headers["X-Content-Type-Options"] = "nosniff"
-        return csrf.remember(request, response)
+        # The security headers (content policy and others) are SecurityHeaders' for every response.
+        return self.tokens.remember(request, HTMLResponse(page, status_code=status))
 
     # -- pages ---------------------------------------------------------------------------------------------------
 
@@ -178,9 +204,14 @@ class _Dashboard:
     async def _form(self, request: Request) -> dict[str, str] | Response:
         if self.read_only:
             return self.render(request, "error.html", status=403, message="This dashboard is read-only.")
+        refusal = origin_refusal(request, self.trusted_origins)
+        if refusal is not None:
+            # Before the body is read: nothing of a forged form is looked at.
+            message = f"Refused: {refusal}. Nothing was done; use the dashboard's own pages."
+            return self.render(request, "error.html", status=403, message=message)
         form = await request.form()
         fields = {key: value for key, value in form.items() if isinstance(value, str)}
-        if not csrf.valid(request, fields.get(csrf.FIELD)):
+        if not self.tokens.valid(request, fields.get(csrf.FIELD)):
             return self.render(
                 request, "error.html", status=403, message="Missing or wrong CSRF token: reload the page."
             )
