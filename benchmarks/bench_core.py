@@ -9,12 +9,15 @@ Starts a private redis-server, measures, and prints a table followed by ``name=v
 - park_many_ratio: messages/s of DelayStore.park_many over a raw pipelined ZADD+HSET (target >= 0.5).
 - bytes_per_parked: Redis memory per parked message beyond its 250-byte payload (Dramatiq-shaped records).
 - idle_calls_per_s: Redis round trips per second of one idle promoter (target <= 1).
+- pack_open_block_ms: the longest another client's PING waited while a promoter opened packs of 1 MiB payloads
+  (target < 50; each call of open_pack.lua copies at most PACK_OPEN_BYTES, 100 such records took 2.1 s before).
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
+import threading
 import time
 import uuid
 from pathlib import Path
@@ -147,6 +150,35 @@ def idle_calls_per_second(client: redis.Redis, seconds: float) -> float:
     return (after - before) / seconds
 
 
+def pack_open_block_ms(server: EmbeddedRedis, count: int = 40) -> float:
+    """The longest wait of another client's PING while a promoter opens ``count`` packed 1 MiB payloads."""
+    client = server.client()
+    store = DelayStore(client, namespace=f"open-{uuid.uuid4().hex[:6]}", max_payload_bytes=2 * 1024 * 1024)
+    payload = b"p" * 1024 * 1024
+    for _ in range(count):
+        store.park(str(uuid.uuid4()), Envelope(route="ready", payload=payload), delay=3600)
+    opener = DelayStore(client, namespace=store.keys.namespace, pack_after=10 * 365 * 86400)  # opens them now
+    pinger, waits, done = server.client(), [0.0], threading.Event()
+
+    def ping() -> None:
+        while not done.is_set():
+            started = time.perf_counter()
+            pinger.ping()
+            waits.append(time.perf_counter() - started)
+
+    thread = threading.Thread(target=ping)
+    thread.start()
+    try:
+        while opener.open_packs(0, calls=100) is not None:
+            pass
+    finally:
+        done.set()
+        thread.join()
+        pinger.close()
+    delete_store(store)
+    return max(waits) * 1000
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--messages", type=int, default=200_000)
@@ -171,6 +203,7 @@ def main() -> None:
             delete_store(store)
         memory = bytes_per_parked(client, min(n, 100_000))
         idle = idle_calls_per_second(client, 10.0)
+        open_block = pack_open_block_ms(server)
 
     results = {
         "drain_msgs_per_s": max(drain_ours),
@@ -181,6 +214,7 @@ def main() -> None:
         "park_many_ratio": max(park_ours) / max(park_ref),
         "bytes_per_parked": memory,
         "idle_calls_per_s": idle,
+        "pack_open_block_ms": open_block,
     }
     print(f"\ncore benchmark: {n} messages, batch {batch}, best of {options.rounds} rounds, payload {len(PAYLOAD)} B")
     print(f"{'measure':<24}{'value':>14}")

@@ -72,6 +72,14 @@ class WrongNode(StoreRefused):
     code = "CLUSTER"
 
 
+class StoreDamaged(StoreRefused):
+    """The store's own bookkeeping in Redis is damaged (``DAMAGED``: only a hand-made change makes it so, such as a
+    pack's count that is not a number): nothing was changed. ``delay-broker check`` shows the damage and
+    ``delay-broker check --repair`` mends what can be."""
+
+    code = "DAMAGED"
+
+
 class NotReplicated(StoreUnavailable):
     """A durable write (``replicas=N``) was made on the master but fewer than N replicas confirmed it in time.
 

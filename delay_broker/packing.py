@@ -185,6 +185,8 @@ class IndexShape:
         return (1 << self.level) + self.split
 
     def partition(self, binary: bytes) -> int:
+        if self.level == 0 and self.split == 0:
+            return 0  # one partition: no hash needed
         hashed = index_hash(binary)
         partition = hashed % (1 << self.level)
         return hashed % (2 << self.level) if partition < self.split else partition

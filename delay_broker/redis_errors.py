@@ -18,6 +18,7 @@ from .errors import (
     DelayBrokerError,
     InvalidDelay,
     NotEnoughReplicas,
+    StoreDamaged,
     StoreFull,
     StoreLoading,
     StoreReadOnly,
@@ -37,6 +38,7 @@ _EXPLANATIONS: dict[str, tuple[type[StoreRefused], str]] = {
         "the server is a read-only replica (a failover is under way, or the URL names a replica)",
     ),
     "LOADING": (StoreLoading, "Redis is loading its data set from disk and cannot serve yet"),
+    "DAMAGED": (StoreDamaged, "the store's bookkeeping is damaged (a hand-made change)"),
     "LEASEGONE": (StoreRefused, "a far-tier mover stalled past its lease: nothing was moved, another mover takes over"),
     "MOVED": (
         WrongNode,

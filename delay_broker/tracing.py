@@ -58,6 +58,21 @@ def park_span(count: int, route: str | None) -> Iterator[None]:
         yield
 
 
+def current_carrier() -> dict[str, str] | None:
+    """The current trace context as a park stores it (see :func:`with_carrier`), or None when there is none: read
+    once for a whole batch of parks."""
+    if not _active():
+        return None
+    carrier: dict[str, str] = {}
+    _otel()[1].inject(carrier)  # type: ignore[index]
+    return carrier or None
+
+
+def with_carrier(extra: Mapping[str, Any], carrier: Mapping[str, str]) -> dict[str, Any]:
+    """``extra`` with ``carrier`` (of :func:`current_carrier`) added."""
+    return {**extra, CARRIER_KEY: dict(carrier)}
+
+
 def with_context(extra: Mapping[str, Any], *, keep: bool = False) -> dict[str, Any]:
     """``extra`` with the current trace context added, if there is one (else unchanged). ``keep``: a context
     ``extra`` already carries stays (a message rewritten after it was parked keeps its producer's trace)."""

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import struct
 import uuid
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -226,7 +227,7 @@ def test_two_openers_of_the_same_head_move_each_record_once(store):
     store.park_many([ParkRequest(id, envelope(), delay=HOUR) for id in ids])
     [name] = [n.decode() for n in store.client.zrange(store.keys.packs, 0, -1)]
     pack = store.keys.pack(name)
-    base, head = store._runner.run("open_pack", 0, ["peek", name, 20], extra=[pack], write=False)
+    base, head = store._runner.run("open_pack", 0, ["peek", name, 20, 2**20], extra=[pack], write=False)
     store._packs.open_chunk(0, name)  # another promoter takes the same head first
     shape = IndexShape.parse((store.client.get(store.keys.packed_shape) or b"0:0").decode())
     partitions = [store.keys.packed(shape.partition(head[n : n + 16])) for n in range(0, len(head), 16)]
@@ -247,7 +248,9 @@ def test_a_call_told_an_old_place_finds_the_message_where_it_is_now(store):
     old_pack = store.keys.pack(Location.parse(before).pack)
     shape = (store.client.get(store.keys.packed_shape) or b"0:0").decode()
     with pytest.raises(PackedElsewhere) as raised:
-        store._runner.run("get", 0, [id, shape, binary_id(id), before], extra=[partition_of(store, id), old_pack])
+        key_map = struct.pack("<2H", 0, 1)  # the partition and the pack, as Runner.by_id sends them
+        args = [id, shape, binary_id(id), before, key_map]
+        store._runner.run("get", 0, args, extra=[partition_of(store, id), old_pack])
     assert raised.value.locations == {1: Location.parse(now)}
     pipelined = Exception(f"Command # 1 (EVALSHA) of pipeline caused error: PACKED 3 {now} 5 -")
     assert packed_elsewhere(pipelined).locations == {3: Location.parse(now), 5: None}
@@ -448,7 +451,7 @@ def test_the_packed_index_splits_as_it_fills_and_a_stale_shape_is_corrected(clie
 
 
 def test_index_partitions_agree_with_lua(store):
-    lib = (Path(scripts.__file__).parent / "_lib.lua").read_text()
+    lib = (Path(scripts.__file__).parent / "_lib" / "packs.lua").read_text()
     assert re.search(r"local SPLIT_AT = (\d+)", lib).group(1) == str(SPLIT_AT)
     binaries = [uuid.uuid4().bytes for _ in range(200)]
     for shape in (IndexShape(0, 0), IndexShape(3, 5), IndexShape(7, 100)):
@@ -456,3 +459,18 @@ def test_index_partitions_agree_with_lua(store):
         source = scripts.source("split_index").split("-- split_index.lua")[0] + script
         for binary in binaries[:20]:
             assert store.client.eval(source, 0, binary, shape.level, shape.split) == shape.partition(binary)
+
+
+def test_opening_a_pack_of_large_records_copies_a_bounded_number_of_bytes_per_call(store):
+    """Before: one call moved 100 records whatever their size, and 100 records of 1 MiB blocked Redis for 2 s
+    (another client's PING waited that long; benchmarks/bench_core.py measures that wait: pack_open_block_ms)."""
+    payload = b"p" * (1024 * 1024 - 256)
+    ids = [new_id() for _ in range(6)]
+    store.park_many([ParkRequest(id, envelope(payload), delay=HOUR) for id in ids])
+    [name] = [n.decode() for n in store.client.zrange(store.keys.packs, 0, -1)]
+    opener = DelayStore(store.client, namespace=store.keys.namespace, pack_after=10 * 365 * 86400)
+    opener._packs.open_chunk(0, name)
+    assert store.client.zcard(store.keys.due) == 1, "one record of 1 MiB per call"
+    open_everything(store)
+    assert [m.decode() for m in store.client.zrange(store.keys.due, 0, -1)] == ids
+    assert store.get(ids[-1]).envelope.payload == payload

@@ -12,34 +12,35 @@
 --   PACK_BASE HASH pack name -> records taken from its head
 --   PACK_LIVE HASH pack name -> messages packed in it
 --   PACKED_SHAPE  STRING the packed index's shape
--- KEYS after the shard's, two per id: its packed index partition and the pack it is said to be in (pack_locate)
+-- KEYS after the shard's, two per id (id_keys): its packed index partition and the pack it is said to be in
 -- ARGV[1] 'cancel', or 'replace': the messages are replaced by far-tier rows of the same ids, so a copy a
 --         promoter holds goes too, as park.lua replaces one (its delivery is under way or done: counted as
 --         promoted here, for the promoter's ack will find no lease to count)
--- ARGV[2..#ARGV - 3] ids
--- ARGV[#ARGV - 2] .. ARGV[#ARGV]: the packed index's shape, the ids' 16-byte forms and their packed locations
---         (see pack_locate)
+-- ARGV[2..#ARGV - 4] ids
+-- ARGV[#ARGV - 3] .. ARGV[#ARGV]: the packed index's shape, the ids' 16-byte forms, their packed locations
+--         and the key map (see by_id_trailer and id_keys)
 -- Returns one flag per id: 2 = removed while parked, 1 = removed while dead (or in flight, 'replace' only),
--- 0 = not held (unknown, already promoted, or in flight, unless 'replace'); or a refusal of pack_locate,
--- having written nothing.
+-- 0 = not held (unknown, already promoted, or in flight, unless 'replace'); or a refusal, having written
+-- nothing.
 
 local replacing = ARGV[1] == 'replace'
-local count = #ARGV - 4
+local count = #ARGV - 5
+local keys = id_keys(count, 2)
 local problem = denied_command()
     or wrong_type(DUE, 'zset', MSG, 'hash', DEAD, 'zset', ATTEMPTS, 'hash', ERRORS, 'hash',
         STATS, 'hash', PACKS, 'zset', PACK_BASE, 'hash', PACK_LIVE, 'hash')
     or (replacing and wrong_type(INFLIGHT, 'zset', LEASED, 'hash'))
-    or packed_keys_wrong_type(count, FIRST_EXTRA_KEY, 2)
+    or id_keys_wrong_type(keys)
 if problem then
     return problem
 end
+local shape, binaries, locations = by_id_trailer()
 local places, stale
-places, stale, problem = pack_locate(count, FIRST_EXTRA_KEY, 2, ARGV[#ARGV - 2], ARGV[#ARGV - 1], ARGV[#ARGV],
-    PACK_BASE, PACKED_SHAPE)
+places, stale, problem = pack_locate(keys, shape, binaries, locations, PACK_BASE, PACK_LIVE, PACKED_SHAPE)
 if problem then
     return problem
 end
-drop_stale(stale)
+drop_stale(stale, STATS)
 
 local result = {}
 local removed = {}

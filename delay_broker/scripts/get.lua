@@ -8,27 +8,29 @@
 --   ERRORS    HASH id -> last error
 --   LEASED    HASH id -> due score while in flight
 --   PACK_BASE HASH pack name -> records taken from its head
+--   PACK_LIVE HASH pack name -> messages packed in it
 --   PACKED_SHAPE  STRING the packed index's shape
--- KEYS after the shard's: the id's packed index partition and the pack it is said to be in (see pack_locate)
--- ARGV[1] id  ARGV[2] .. ARGV[4]: the packed index's shape, the id's 16-byte form and its packed location
---         (see pack_locate)
+-- KEYS after the shard's (id_keys): the id's packed index partition and the pack it is said to be in
+-- ARGV[1] id  ARGV[2] .. ARGV[5]: the packed index's shape, the id's 16-byte form, its packed location and
+--         the key map (see by_id_trailer and id_keys)
 -- Returns {state ('due' | 'inflight' | 'dead' | 'gone'), due_ms or -1, state time ms (lease deadline or
 -- dead-lettered at) or -1, envelope or false, attempts, last error or false}; or a refusal of pack_locate.
 
+local keys = id_keys(1, 2)
 local problem = wrong_type(DUE, 'zset', INFLIGHT, 'zset', DEAD, 'zset', MSG, 'hash', ATTEMPTS, 'hash',
-    ERRORS, 'hash', LEASED, 'hash', PACK_BASE, 'hash') or packed_keys_wrong_type(1, FIRST_EXTRA_KEY, 2)
+    ERRORS, 'hash', LEASED, 'hash', PACK_BASE, 'hash', PACK_LIVE, 'hash') or id_keys_wrong_type(keys)
 if problem then
     return problem
 end
-local places, stale
-places, stale, problem = pack_locate(1, FIRST_EXTRA_KEY, 2, ARGV[2], ARGV[3], ARGV[4], PACK_BASE, PACKED_SHAPE)
-if problem then
-    return problem
+local shape, binaries, locations = by_id_trailer()
+local places, _, refusal = pack_locate(keys, shape, binaries, locations, PACK_BASE, PACK_LIVE, PACKED_SHAPE)
+if refusal then
+    return refusal
 end
 local id = ARGV[1]
 if places[1] then
     -- A message packed by a reschedule keeps the attempts and error it had, as in the ordinary layout.
-    local record = places[1][4]
+    local record = places[1].record
     local attempts = tonumber(redis.call('HGET', ATTEMPTS, id) or 0) or 0
     return {'due', packed_due(record) or -1, -1, string.sub(record, PACK_HEADER + 1), attempts,
         redis.call('HGET', ERRORS, id)}

@@ -6,32 +6,24 @@
 --   INFLIGHT  ZSET id -> lease deadline
 --   DEAD      ZSET id -> dead-lettered at
 --   PACK_BASE HASH pack name -> records taken from its head
+--   PACK_LIVE HASH pack name -> messages packed in it
 --   PACKED_SHAPE  STRING the packed index's shape
--- KEYS after the shard's, two per id: its packed index partition and the pack it is said to be in (pack_locate)
--- ARGV[1..#ARGV - 3] ids
--- ARGV[#ARGV - 2] .. ARGV[#ARGV]: the packed index's shape, the ids' 16-byte forms and their packed locations
---         (see pack_locate)
--- Returns per id its due time (ms) when parked (packed or not), -1 when in flight or dead, -2 when not held;
--- or a refusal of pack_locate.
+-- KEYS after the shard's, two per id (id_keys): its packed index partition and the pack it is said to be in
+-- ARGV[1..#ARGV - 4] ids
+-- ARGV[#ARGV - 3] .. ARGV[#ARGV]: the packed index's shape, the ids' 16-byte forms, their packed locations
+--         and the key map (see by_id_trailer and id_keys)
+-- Returns per id its due time (ms) when parked (packed or not), -1 when in flight or dead, -2 when not held
+-- (held_due); or a refusal of pack_locate.
 
-local count = #ARGV - 3
-local places, stale, problem = pack_locate(count, FIRST_EXTRA_KEY, 2, ARGV[#ARGV - 2], ARGV[#ARGV - 1],
-    ARGV[#ARGV], PACK_BASE, PACKED_SHAPE)
-if problem then
-    return problem
+local count = #ARGV - 4
+local keys = id_keys(count, 2)
+local shape, binaries, locations = by_id_trailer()
+local places, _, refusal = pack_locate(keys, shape, binaries, locations, PACK_BASE, PACK_LIVE, PACKED_SHAPE)
+if refusal then
+    return refusal
 end
 local held = {}
 for n = 1, count do
-    local id = ARGV[n]
-    local score = redis.call('ZSCORE', DUE, id)
-    if places[n] then
-        held[n] = packed_due(places[n][4]) or -1
-    elseif score then
-        held[n] = due_of(score)
-    elseif redis.call('ZSCORE', INFLIGHT, id) or redis.call('ZSCORE', DEAD, id) then
-        held[n] = -1
-    else
-        held[n] = -2
-    end
+    held[n] = held_due(ARGV[n], places[n], MSG, DUE, INFLIGHT, DEAD) or -2
 end
 return held

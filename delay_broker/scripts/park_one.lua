@@ -1,9 +1,9 @@
--- park_one.lua: park one message whose id the store does not hold in the ordinary layout, a delay from now:
--- park.lua's commonest case for a message due soon (an adapter's delayed send) with only the calls it needs.
--- Anything else -- the id held in any form (parked, packed, in flight, dead), the packed index reshaped since
--- the caller chose the partition, a due time out of bounds -- and it writes nothing and returns 0; an error
--- (a key of the wrong type, a refused first write) writes nothing either. Either way the caller parks the
--- message with park.lua, which handles each of those, naming what it refuses.
+-- park_one.lua: park one message whose id the store does not hold in the ordinary layout: park.lua's commonest
+-- case for a message due soon (an adapter's delayed send) with only the calls it needs. Anything else -- the id
+-- held in any form (parked, packed, in flight, dead), the packed index reshaped since the caller chose the
+-- partition, a due time out of bounds -- and it writes nothing and returns 0; an error (a key of the wrong
+-- type, a refused first write) writes nothing either. Either way the caller parks the message with park.lua,
+-- which handles each of those, naming what it refuses.
 -- KEYS: one shard's keys it names, in delay_broker.keys.SCRIPT_KEYS order, named by the prelude:
 --   DUE       ZSET id -> score
 --   MSG       HASH id -> envelope
@@ -13,28 +13,24 @@
 --   PACKS     ZSET (only a placeholder key: see below)
 --   PACKED_SHAPE  STRING the packed index's shape
 -- KEYS after the shard's: the id's packed index partition (PACKS for an id never packed)
--- ARGV[1] id  ARGV[2] delay, ms from Redis TIME, or '@' and the due time in epoch ms  ARGV[3] envelope  ARGV[4] the id's 16-byte form
--- ARGV[5] the packed index's shape the partition was chosen by  ARGV[6] max_due_ms  ARGV[7] max_delay_ms, or -1
+-- ARGV[1] id  ARGV[2] due time ('123': ms from Redis TIME; '@123': epoch ms)  ARGV[3] envelope
+-- ARGV[4] the id's 16-byte form  ARGV[5] the packed index's shape the partition was chosen by
+-- ARGV[6] max_delay_ms, or -1
 -- Returns {due ms, 1 if WAKE was pushed else 0}, or 0.
 
 local id = ARGV[1]
 local partition = KEYS[FIRST_EXTRA_KEY]
-local time = redis.call('TIME')
-local now = tonumber(time[1]) * 1000 + math.floor(tonumber(time[2]) / 1000)
-local due = string.byte(ARGV[2]) == 64 and tonumber(string.sub(ARGV[2], 2)) or now + tonumber(ARGV[2])
-local max_delay = tonumber(ARGV[7])
-if due > tonumber(ARGV[6]) or (max_delay >= 0 and due - now > max_delay) then
-    return 0
-end
-if redis.call('HEXISTS', MSG, id) == 1 or redis.call('ZSCORE', DEAD, id) then
+local now = now_ms()
+local due = due_at(ARGV[2], now)
+if due_refusal(id, due, now, tonumber(ARGV[6])) or held_unpacked(id, MSG, DEAD) then
     return 0
 end
 if partition ~= PACKS and ((redis.call('GET', PACKED_SHAPE) or '0:0') ~= ARGV[5]
         or redis.call('HEXISTS', partition, ARGV[4]) == 1) then
     return 0
 end
-local head = redis.call('ZRANGE', DUE, 0, 0, 'WITHSCORES')[2]
-local woke = not head or due < due_of(head)
+local head = head_due(DUE)
+local woke = not head or due < head
 if woke and redis.call('TYPE', WAKE)['ok'] ~= 'list' and redis.call('TYPE', WAKE)['ok'] ~= 'none' then
     return 0
 end

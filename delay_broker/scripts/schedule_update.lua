@@ -12,7 +12,8 @@
 --   PACK_BASE      HASH pack name -> records taken from its head
 --   PACK_LIVE      HASH pack name -> messages packed in it
 --   PACKED_SHAPE   STRING the packed index's shape
--- KEYS after the shard's, with an ARGV[6] id: its packed index partition and the pack it is said to be in
+-- KEYS after the shard's, with an ARGV[6] id (id_keys): its packed index partition and the pack it is said to
+--   be in
 -- ARGV[1] name
 -- ARGV[2] definition: JSON text to store, or '' to delete the schedule's definition
 -- ARGV[3] expected revision: what the caller read SCHEDULES at ('' skips the check)
@@ -26,25 +27,25 @@
 -- ARGV[7] name of a second record deleted with 'drop' ('' none)
 -- ARGV[8] name of the record that keeps when the record was rewound: set to now by 'rewind', deleted by 'drop'
 --         (while it equals the record, no occurrence was parked since the change)
--- ARGV[9] .. ARGV[11]: the packed index's shape, and the 16-byte form and packed location of the ARGV[6] id,
---         if any (see pack_locate)
+-- ARGV[9] .. ARGV[12]: the packed index's shape, the 16-byte form and packed location of the ARGV[6] id, if
+--         any, and the key map (see by_id_trailer and id_keys)
 -- Returns {1, revision, now, cancelled (1/0)}, or {0, current revision, now, 0} when the revision or the record
--- changed since the caller read them (nothing was changed; read again and retry); or a refusal of pack_locate,
--- having written nothing.
+-- changed since the caller read them (nothing was changed; read again and retry); or a refusal, having written
+-- nothing.
 
 local name = ARGV[1]
 local now = now_ms()
-
+local keys = id_keys(ARGV[6] ~= '' and 1 or 0, 2)
 local problem = denied_command()
     or wrong_type(SCHEDULES, 'hash', SCHEDULES_REV, 'string', CRON, 'hash', DUE, 'zset', MSG, 'hash',
         STATS, 'hash', WAKE, 'list', PACKS, 'zset', PACK_BASE, 'hash', PACK_LIVE, 'hash')
-    or packed_keys_wrong_type(ARGV[6] ~= '' and 1 or 0, FIRST_EXTRA_KEY, 2)
+    or id_keys_wrong_type(keys)
 if problem then
     return problem
 end
+local shape, binaries, locations = by_id_trailer()
 local places, stale
-places, stale, problem = pack_locate(ARGV[6] ~= '' and 1 or 0, FIRST_EXTRA_KEY, 2, ARGV[9], ARGV[10], ARGV[11],
-    PACK_BASE, PACKED_SHAPE)
+places, stale, problem = pack_locate(keys, shape, binaries, locations, PACK_BASE, PACK_LIVE, PACKED_SHAPE)
 if problem then
     return problem
 end
@@ -59,12 +60,12 @@ if (ARGV[3] ~= '' and tonumber(ARGV[3]) ~= revision) or record ~= ARGV[4] then
     return {0, revision, now, 0}
 end
 
-drop_stale(stale)
+drop_stale(stale, STATS)
 local cancelled = 0
 local id = ARGV[6]
 local packed_held = false
 if places[1] then
-    local due = packed_due(places[1][4])
+    local due = packed_due(places[1].record)
     if due and due > now then
         pack_take(places[1], PACKS, PACK_BASE, PACK_LIVE)
         redis.call('HINCRBY', STATS, 'cancelled', 1)

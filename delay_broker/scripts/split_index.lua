@@ -10,6 +10,9 @@
 -- (another process split meanwhile; a park asks again if still needed).
 
 local shape, level, split = index_shape(PACKED_SHAPE)
+if not shape then
+    return damaged(level)
+end
 if shape ~= ARGV[1] then
     return {0, shape}
 end

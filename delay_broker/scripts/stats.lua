@@ -15,7 +15,8 @@
 --          tokens of far-tier rows moved in whose delete may not be committed yet, read with the counts so that
 --          a caller counting the far tier too can leave those rows to Redis. Packed messages are counted in
 --          parked (and apart), in the histogram by their pack's earliest due time (a pack spans at most a
---          sixteenth of its distance), and as overdue when that time has passed.
+--          sixteenth of its distance), and as overdue when that time has passed; a pack that PACKS does not
+--          list (damage) by the start of its time slot.
 
 local problem = wrong_type(DUE, 'zset', INFLIGHT, 'zset', DEAD, 'zset', STATS, 'hash', PROMOTERS, 'zset',
     MOVED, 'zset', PACKS, 'zset', PACK_LIVE, 'hash')
@@ -51,7 +52,12 @@ end
 local lives = redis.call('HGETALL', PACK_LIVE)
 for i = 1, #lives, 2 do
     local live, due = tonumber(lives[i + 1]) or 0, earliest[lives[i]]
-    if live > 0 and due then
+    if live > 0 and not due then
+        -- A pack PACKS no longer lists (damage; promoters list it again: pack_audit.lua): due from its slot on.
+        local width, slot = string.match(lives[i], '^(%d+):(%d+)$')
+        due = width and tonumber(width) * tonumber(slot) or now
+    end
+    if live > 0 then
         packed = packed + live
         if due <= now then
             overdue = overdue + live

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Mapping
 from datetime import datetime
 from typing import NamedTuple
 
@@ -60,19 +61,24 @@ class Encoder:
         self.max_payload_bytes = max_payload_bytes
         self.record_version = record_version
 
-    def parcel(self, request: ParkRequest) -> Parcel:
-        """``request`` checked and encoded."""
-        return self.parcel_of(request.id, request.envelope, request.delay, request.due)
+    def parcel(self, request: ParkRequest, carrier: Mapping[str, str] | None = None) -> Parcel:
+        """``request`` checked and encoded, with the trace context ``carrier`` (of
+        :func:`~delay_broker.tracing.current_carrier`, read once for a batch)."""
+        return self.parcel_of(request.id, request.envelope, request.delay, request.due, carrier)
 
     def parcel_of(
-        self, id: str, envelope: Envelope, delay: Delay | None, due: datetime | None, *, traced: bool = True
+        self, id: str, envelope: Envelope, delay: Delay | None, due: datetime | None, carrier: Mapping[str, str] | None
     ) -> Parcel:
-        """A park checked and encoded (``traced=False``: the caller knows no trace is active)."""
+        """A park checked and encoded (``carrier``: the trace context to store with it, or None)."""
         check_id(id)
-        return Parcel(id, Due.of(delay, due, id), self.envelope(id, envelope, traced=traced), envelope)
+        due_time = Due.of(delay, due, id)
+        if carrier is not None:
+            envelope = dataclasses.replace(envelope, extra=tracing.with_carrier(envelope.extra, carrier))
+        return Parcel(id, due_time, self.envelope(id, envelope), envelope)
 
-    def envelope(self, id: str, envelope: Envelope, *, keep_context: bool = False, traced: bool = True) -> bytes:
-        """``traced=False``: the caller knows there is no trace context to store."""
+    def envelope(self, id: str, envelope: Envelope, *, keep_context: bool = False, traced: bool = False) -> bytes:
+        """``envelope`` as stored; ``traced``: with the current trace context added (``keep_context``: unless it
+        carries one already: a message rewritten after it was parked keeps its producer's trace)."""
         if not isinstance(envelope.payload, bytes):
             raise InvalidMessage(f"payload must be bytes, got {type(envelope.payload).__name__}")
         if len(envelope.payload) > self.max_payload_bytes:

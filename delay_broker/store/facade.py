@@ -172,7 +172,7 @@ class DelayStore:
             return self.park_many([ParkRequest(id, envelope, delay=delay, due=due)], on_conflict=on_conflict)[0]
         # Every adapter's delayed send: one new id, untraced, in one call of the one-message scripts; anything
         # they leave (an id already held, anything unusual) goes to park.lua with the same parcel.
-        parcel = self._encoder.parcel_of(id, envelope, delay, due, traced=False)
+        parcel = self._encoder.parcel_of(id, envelope, delay, due, None)
         return self._parking.park_one(parcel) or self._tier.park([parcel], on_conflict)[0]
 
     def park_many(self, requests: Iterable[ParkRequest], *, on_conflict: OnConflict = "replace") -> list[ParkResult]:
@@ -185,7 +185,8 @@ class DelayStore:
         requests = list(requests)
         routes = {request.envelope.route for request in requests if isinstance(request, ParkRequest)}
         with tracing.park_span(len(requests), next(iter(routes)) if len(routes) == 1 else None):
-            parcels = [self._encoder.parcel(request) for request in requests]
+            carrier = tracing.current_carrier()  # once for the batch: the park span's
+            parcels = [self._encoder.parcel(request, carrier) for request in requests]
             self._shards.settle_for_parking()  # once the requests are found valid: a refused park writes nothing
             return self._tier.park(parcels, on_conflict)
 
@@ -202,7 +203,7 @@ class DelayStore:
         """
         if not isinstance(schedule, str) or not schedule:
             raise ValueError(f"schedule must be a non-empty string, got {schedule!r}")
-        parcel = self._encoder.parcel_of(id, envelope, None, due)
+        parcel = self._encoder.parcel_of(id, envelope, None, due, tracing.current_carrier())
         return self._parking.park_occurrence(schedule, parcel, revision)
 
     def withdraw(self, id: str, payload: bytes) -> bool:
@@ -249,7 +250,7 @@ class DelayStore:
             raise ValueError("expected must be a message read whole by get(), with its envelope")
         read = b"" if expected is None else expected.raw or b""
         # The promote span continues the trace the message was parked in, not the one rescheduling it.
-        record = b"" if envelope is None else self._encoder.envelope(id, envelope, keep_context=True)
+        record = b"" if envelope is None else self._encoder.envelope(id, envelope, keep_context=True, traced=True)
         return self._tier.reschedule(id, when, record, envelope, read)
 
     # -- routes and schedules --------------------------------------------------------------------------

@@ -7,13 +7,12 @@ import logging
 from collections.abc import Sequence
 from typing import Any, Literal
 
-from ..clock import MAX_DUE_MS
 from ..errors import DelayBrokerError, StoreUnavailable
 from ..keys import shard_of
 from ..packing import NOT_PACKABLE, PackPolicy, binary_id
 from ..records import OnConflict, ParkResult
 from .encoding import Due, Parcel
-from .replies import MAX_BATCH, chunks
+from .replies import MAX_BATCH, chunks, text
 from .runner import Runner
 from .shards import Shards
 
@@ -68,15 +67,15 @@ class RedisParking:
                 name = self.pack.target(binary, parcel.due.at(now), now)
         try:
             if name is not None:
-                args = [parcel.id, parcel.due.wire, parcel.record, binary, str(shape), name, self.pack.after_ms]
-                args += [MAX_DUE_MS, self.max_delay_arg]
+                args = [parcel.id, parcel.due.wire, parcel.record, binary, str(shape), name, self.pack.min_ahead_ms]
+                args.append(self.max_delay_arg)
                 reply = self.runner.run("pack_one", shard, args, extra=[partition, space.pack(name)])
                 if reply:
                     self.shards.relay_wake(shard, reply[2])
                     if int(reply[1]):
                         self.runner.split_index(shard, shape.partition(binary))
             else:
-                args = [parcel.id, parcel.due.wire, parcel.record, binary, str(shape), MAX_DUE_MS, self.max_delay_arg]
+                args = [parcel.id, parcel.due.wire, parcel.record, binary, str(shape), self.max_delay_arg]
                 reply = self.runner.run("park_one", shard, args, extra=[partition])
                 if reply:
                     self.shards.relay_wake(shard, reply[1])
@@ -105,43 +104,53 @@ class RedisParking:
 
     def park_occurrence(self, schedule: str, parcel: Parcel, revision: int | None) -> ParkResult:
         """Park a schedule's occurrence in shard 0 (see :meth:`DelayStore.park_occurrence`)."""
-        # No max_delay: an occurrence is parked a period ahead (a month for a monthly schedule), which the
-        # application chose when it declared the schedule; the limit guards individual sends.
-        expected = "" if revision is None else str(revision)
-        return self.park_chunk(0, [parcel], "keep", schedule, max_delay_ms=-1, revision=expected)[0]
+        head = [schedule, "" if revision is None else str(revision), self.pack.min_ahead_ms]
+        return self._park_call("park_occurrence", 0, [parcel], head)[0]
 
     def park_chunk(
-        self,
-        shard: int,
-        chunk: list[Parcel],
-        on_conflict: OnConflict,
-        schedule: str = "",
-        *,
-        max_delay_ms: int | None = None,
-        revision: str = "",
-        adopt: tuple[int, list[int]] | None = None,
-        retire: Sequence[int] = (),
-        replicas: int | None = None,
+        self, shard: int, chunk: list[Parcel], on_conflict: OnConflict, *, retire: Sequence[int] = ()
     ) -> list[ParkResult]:
-        """One park.lua call: ``adopt`` (the mover's deadline and the rows' tokens) moves far rows in;
-        ``retire`` are the tokens of far rows the park replaces (see park.lua)."""
-        limit = self.max_delay_arg if max_delay_ms is None else max_delay_ms
-        fence, tokens = (
-            ("", " ".join(map(str, retire))) if adopt is None else (str(adopt[0]), " ".join(map(str, adopt[1])))
-        )
-        pack_after = -1 if self.pack.after_ms is None else self.pack.after_ms
-        args: list[Any] = [on_conflict, MAX_DUE_MS, schedule, limit, revision, fence, tokens, pack_after]
+        """One park.lua call; ``retire`` are the tokens of far rows the park replaces (see park.lua)."""
+        head = [on_conflict, self.max_delay_arg, self.pack.min_ahead_ms, " ".join(map(str, retire))]
+        return self._park_call("park", shard, chunk, head)
+
+    def adopt(self, shard: int, chunk: list[Parcel], deadline_ms: int, tokens: list[int], replicas: int) -> None:
+        """Move far rows into Redis (``adopt.lua``): the mover's deadline and the rows' tokens."""
+        head = [deadline_ms, self.pack.min_ahead_ms, " ".join(map(str, tokens))]
+        self._park_call("adopt", shard, chunk, head, replicas=replicas)
+
+    def _park_call(
+        self, script: str, shard: int, chunk: list[Parcel], head: list[Any], *, replicas: int | None = None
+    ) -> list[ParkResult]:
+        """A call of one of the park scripts, which all take the messages after ``head`` and answer alike."""
+        args = list(head)
         for parcel in chunk:
-            args.extend((parcel.id, "a" if parcel.due.absolute else "d", parcel.due.ms, parcel.record))
+            args.extend((parcel.id, parcel.due.wire, parcel.record))
         ids = [parcel.id for parcel in chunk]
         targets = self.pack_targets(shard, [(parcel.id, parcel.due) for parcel in chunk])
-        reply = self.runner.by_id("park", shard, ids, args, targets=targets, replicas=replicas)
-        self.shards.relay_wake(shard, reply[-3])
-        if int(reply[-2]) >= 0:
-            self.runner.split_index(shard, int(reply[-2]), int(reply[-1]))
+        reply = self.runner.by_id(script, shard, ids, args, targets=targets, replicas=replicas)
+        woke, over, fullest, damaged = reply[-4:]
+        self.shards.relay_wake(shard, woke)
+        if int(over) >= 0:
+            self.runner.split_index(shard, int(over), int(fullest))
+        if damaged:
+            self._report_damage(shard, text(damaged))
+        dues, codes = reply[0 : 2 * len(chunk) : 2], reply[1 : 2 * len(chunk) : 2]
         return [
-            ParkResult(parcel.id, int(reply[2 * n]), OUTCOMES[int(reply[2 * n + 1])]) for n, parcel in enumerate(chunk)
+            ParkResult(parcel.id, int(due), OUTCOMES[int(code)])
+            for parcel, due, code in zip(chunk, dues, codes, strict=True)
         ]
+
+    def _report_damage(self, shard: int, names: str) -> None:
+        space = self.shards.spaces[shard]
+        logger.warning(
+            "Store %r: the bookkeeping of pack(s) %s is damaged (%s, %s); their messages were parked in the "
+            "ordinary layout. Run `delay-broker check` to see the damage, `delay-broker check --repair` to mend it.",
+            self.shards.keys.namespace,
+            ", ".join(space.pack(name) for name in names.split()),
+            space.pack_base,
+            space.pack_live,
+        )
 
     def pack_targets(self, shard: int, messages: Sequence[tuple[str, Due]]) -> list[str]:
         """Per message, the pack it is appended to when it is due at least ``pack_after`` ahead (by the Redis
@@ -181,14 +190,12 @@ class RedisParking:
     def reschedule(self, id: str, due: Due, record: bytes, limit: int, expected: bytes) -> int | None:
         """Move ``id``'s parked copy in Redis to ``due`` (``record``, when not empty, replaces its envelope; see
         reschedule.lua): the new due time (ms), or None when Redis holds no parked copy of it."""
-        pack_after = -1 if self.pack.after_ms is None else self.pack.after_ms
-        kind = "a" if due.absolute else "d"
         for shard in self.shards.to_search(id):
             moved, woke, over = self.runner.by_id(
                 "reschedule",
                 shard,
                 [id],
-                [id, kind, due.ms, MAX_DUE_MS, record, limit, expected, pack_after],
+                [id, due.wire, record, limit, expected, self.pack.min_ahead_ms],
                 targets=self.pack_targets(shard, [(id, due)]),
             )
             if int(over) >= 0:

@@ -22,6 +22,11 @@ def check_id(id: object) -> str:
         raise InvalidMessage(f"message id must be a string, got {type(id).__name__}")
     if not id or len(id) > MAX_ID_LENGTH:
         raise InvalidMessage(f"message id must be 1 to {MAX_ID_LENGTH} characters, got {len(id)}")
+    if not id.isascii():
+        try:
+            id.encode()
+        except UnicodeEncodeError:  # a lone surrogate: Redis keeps bytes, and these have no UTF-8 form
+            raise InvalidMessage(f"message id must be text UTF-8 can encode, got {id!r}") from None
     return id
 
 

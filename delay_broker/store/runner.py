@@ -4,6 +4,7 @@ packed messages where the packed index says they are."""
 from __future__ import annotations
 
 import logging
+import struct
 from collections.abc import Sequence
 from typing import Any
 
@@ -116,17 +117,21 @@ class Runner:
         where: list[Location | None] = [None] * len(ids)
         for _ in range(PACK_CALLS):
             shape = self.shape(shard)
-            extra: list[str] = []
+            extra: dict[str, int] = {}  # each key once, by its place after the shard's (see id_keys in Lua)
+            places: list[int] = []
             for n, binary in enumerate(binaries):
                 location = where[n]
-                extra.append(space.packed(shape.partition(binary)) if binary != NOT_PACKABLE else space.packs)
-                extra.append(space.packs if location is None else space.pack(location.pack))
+                partition = space.packed(shape.partition(binary)) if binary != NOT_PACKABLE else space.packs
+                places.append(extra.setdefault(partition, len(extra)))
+                pack = space.packs if location is None else space.pack(location.pack)
+                places.append(extra.setdefault(pack, len(extra)))
                 if targets is not None:
-                    extra.append(targets[n])
+                    places.append(extra.setdefault(targets[n], len(extra)))
             locations = " ".join(NOWHERE if location is None else str(location) for location in where)
-            arguments = [*args, str(shape), binaries_arg, locations]
+            key_map = struct.pack(f"<{len(places)}H", *places)
+            arguments = [*args, str(shape), binaries_arg, locations, key_map]
             try:
-                return self.run(name, shard, arguments, extra=extra, write=write, replicas=replicas)
+                return self.run(name, shard, arguments, extra=list(extra), write=write, replicas=replicas)
             except PackedElsewhere as elsewhere:
                 for position, location in elsewhere.locations.items():
                     where[position - 1] = location

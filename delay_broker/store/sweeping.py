@@ -103,10 +103,7 @@ class FarSweeper:
 
     def _adopt_group(self, shard: int, group: list[FarRow], deadline_ms: int) -> None:
         parcels = [Parcel(row.id, Due(row.due_ms, absolute=True), row.record) for row in group]
-        tokens = [row.token for row in group]
-        self.parking.park_chunk(
-            shard, parcels, "keep", max_delay_ms=-1, adopt=(deadline_ms, tokens), replicas=self._replicas(shard)
-        )
+        self.parking.adopt(shard, parcels, deadline_ms, [row.token for row in group], self._replicas(shard))
 
     def _hold_back(self, failed: list[tuple[int, list[FarRow], StoreUnavailable | None]]) -> None:
         pause = time.monotonic() + max(FAR_HOLD_BACK_SECONDS, self.tier.sweep_interval)
