@@ -9,7 +9,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import math
-import random
 import threading
 import time
 from collections import Counter
@@ -18,6 +17,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol, TypeVar, runtime_checkable
 
 from . import tracing
+from .backoff import Backoff
 from .errors import ConfigurationError, DelayBrokerError, DeliveryRefused, StoreError, TargetUnavailable
 from .renewal import LeaseRenewal
 from .stop_flag import StopFlag
@@ -168,20 +168,21 @@ class Promoter:
         self._stopping = StopFlag()  # set by request_stop(), which a SIGTERM handler calls
         self._thread: threading.Thread | None = None
         self._redis_down = False
-        self._failures = 0
+        self._backoff = Backoff()
+        """Of the whole loop: every shard failed, the target broker is down, a bug, a configuration refused."""
         self._look_at: list[float] = []
         """Per shard: the monotonic time of the next look."""
         self._packs_at: list[float] = []
         """Per shard: the monotonic time of the next look at its packs (see :meth:`DelayStore.open_packs`)."""
-        self._shard_failures: dict[int, int] = {}
-        """Per shard that failed while others did not: its failures in a row."""
+        self._shard_backoff: dict[int, Backoff] = {}
+        """Per shard that failed while others did not: its own backoff."""
         self._layout_checked = time.monotonic()
         self._dead_in: set[int] = set()
         """Shards this promoter dead-lettered something in since it last trimmed them."""
         self._trimmed_at = float("-inf")
         self._far_down = False
-        self._schedule_failures = 0
-        """Failures in a row of the recurring schedules' look, which backs off on its own."""
+        self._schedule_backoff = Backoff()
+        """Of the recurring schedules' look, which backs off on its own."""
         self._schedules_retry_at = 0.0
         self._schedules_reported = False
         if isinstance(deliverer, DirectDeliverer):
@@ -277,9 +278,8 @@ class Promoter:
         try:
             self.cron.run_pending()
         except Exception as error:
-            self._schedule_failures += 1
-            ceiling = min(10.0, 0.05 * 2 ** min(self._schedule_failures, 10))
-            self._schedules_retry_at = time.monotonic() + random.uniform(ceiling / 2, ceiling)
+            self._schedule_backoff = self._schedule_backoff.failed()
+            self._schedules_retry_at = time.monotonic() + self._schedule_backoff.wait()
             if isinstance(error, StoreError):
                 # Redis itself: the promotion that follows meets it too, and reports and backs off from it.
                 logger.debug("Promoter %s: recurring schedules not looked at: %s", self.id, error)
@@ -301,7 +301,7 @@ class Promoter:
         if self._schedules_reported:
             logger.info("Promoter %s: recurring schedules run again.", self.id)
         self._schedules_reported = False
-        self._schedule_failures = 0
+        self._schedule_backoff = self._schedule_backoff.reset()
         self._schedules_retry_at = 0.0
 
     def _sleep(self, wait: float) -> None:
@@ -375,7 +375,7 @@ class Promoter:
                     raise
                 failed.append((shard, error))
                 continue
-            if self._shard_failures.pop(shard, 0):
+            if self._shard_backoff.pop(shard, None) is not None:
                 logger.info("Promoter %s: promoting shard %d again.", self.id, shard)
             # Every shard is looked at within max_idle even when nothing is due: a wake lost with a producer
             # that died, or a lease left by a promoter that died, is picked up by the others.
@@ -521,18 +521,19 @@ class Promoter:
         """``settle`` (the ack or nack of a claim), tried again while its lease holds. Given up at once, a
         Redis blip (a slot in migration answering TRYAGAIN, a failover) made every delivered message of the
         batch run again once its lease ran out, and counted it an attempt: dead-lettered at max_attempts."""
-        pause = 0.05
+        # No jitter: the pause must fit in the lease, and only this promoter settles this claim.
+        backoff = Backoff(first=0.05, cap=1.0)
         last_try = False
         while True:
             try:
                 return settle()
             except StoreError as error:
-                if last_try or time.monotonic() + pause >= renewal.held_until():
+                backoff = backoff.failed()
+                if last_try or time.monotonic() + backoff.ceiling >= renewal.held_until():
                     raise
                 logger.debug("Promoter %s: settling a claim failed, trying again: %s", self.id, error)
                 # A stop asked for meanwhile gets one more try, not the rest of the lease: stop() has a timeout.
-                last_try = self._stopping.wait(pause)
-                pause = min(pause * 2, 1.0)
+                last_try = self._stopping.wait(backoff.ceiling)
 
     def _deliver_each(self, claim: Claim, renewal: LeaseRenewal) -> _Deliveries:
         """Deliver the claim's messages one by one; what became of each."""
@@ -597,43 +598,40 @@ class Promoter:
 
     def _fault(self, stage: str, error: BaseException | None) -> None:
         self.counters.errors += 1
-        self._failures += 1
+        self._backoff = self._backoff.failed()
         if self.listener:
             self.listener.failed(stage)
         if stage == "redis" and not self._redis_down:
             self._redis_down = True
             logger.warning("Promoter %s: Redis unavailable (%s); backing off.", self.id, error)
-        elif stage == "target" and self._failures == 1:
+        elif stage == "target" and self._backoff.failures == 1:
             logger.warning("Promoter %s: target broker unavailable (%s); backing off.", self.id, error)
-        # Full jitter keeps many promoters from hammering a recovering server in step.
-        ceiling = min(10.0, 0.05 * 2 ** min(self._failures, 10))
-        self._stopping.wait(random.uniform(ceiling / 2, ceiling))
+        self._stopping.wait(self._backoff.wait())
 
     def _shard_fault(self, shard: int, error: DelayBrokerError, now: float) -> None:
         """One shard failed while others were promoted: it alone is looked at again after a backoff."""
-        failures = self._shard_failures[shard] = self._shard_failures.get(shard, 0) + 1
+        backoff = self._shard_backoff[shard] = self._shard_backoff.get(shard, Backoff()).failed()
         self.counters.errors += 1
         if self.listener:
             self.listener.failed("redis")
-        if failures == 1:
+        if backoff.failures == 1:
             logger.warning(
                 "Promoter %s: shard %d unavailable (%s); promoting the other shards, retrying it with backoff.",
                 self.id,
                 shard,
                 error,
             )
-        ceiling = min(10.0, 0.05 * 2 ** min(failures, 10))
-        self._look_at[shard] = now + random.uniform(ceiling / 2, ceiling)
+        self._look_at[shard] = now + backoff.wait()
 
     def _misconfigured(self, error: ConfigurationError) -> None:
         # A configuration that cannot work is not an outage: say so loudly, once per run of failures.
-        if self._failures == 0:
+        if not self._backoff.failures:
             logger.error("Promoter %s cannot promote: %s", self.id, error)
         self._fault("configuration", None)
 
     def _unexpected(self, doing: str) -> None:
         # The traceback once per run of failures: a fault that repeats at every backoff would flood the log.
-        if self._failures == 0:
+        if not self._backoff.failures:
             logger.exception("Promoter %s: unexpected error while %s; retrying.", self.id, doing)
         else:
             logger.debug("Promoter %s: unexpected error while %s again.", self.id, doing, exc_info=True)
@@ -642,10 +640,10 @@ class Promoter:
     def _recovered(self) -> None:
         if self._redis_down:
             logger.info("Promoter %s: Redis reachable again.", self.id)
-        elif self._failures:
-            logger.info("Promoter %s: promoting again after %d failed attempts.", self.id, self._failures)
+        elif self._backoff.failures:
+            logger.info("Promoter %s: promoting again after %d failed attempts.", self.id, self._backoff.failures)
         self._redis_down = False
-        self._failures = 0
+        self._backoff = self._backoff.reset()
 
 
 def _seconds_until(target_ms: int | None, now_ms: int, default: float) -> float:
