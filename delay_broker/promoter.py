@@ -168,6 +168,8 @@ class Promoter:
         self._stopping = StopFlag()  # set by request_stop(), which a SIGTERM handler calls
         self._thread: threading.Thread | None = None
         self._redis_down = False
+        self._outage_ended = False
+        """Redis answered after an outage, and a cycle has yet to go through: "reachable again" was said."""
         self._backoff = Backoff()
         """Of the whole loop: every shard failed, the target broker is down, a bug, a configuration refused."""
         self._look_at: list[float] = []
@@ -237,37 +239,33 @@ class Promoter:
             logger.info("Promoter %s stopped.", self.id)
 
     def step(self) -> None:
-        """One cycle: promote what is due, then sleep until the next due time (or back off after a fault)."""
+        """One cycle: promote what is due, then sleep until the next due time (or back off after a fault).
+
+        A run of failures ends with a cycle that went through and in which Redis answered. A cycle with no
+        shard due for a look asks Redis nothing: taken for a recovery, it made a promoter in an outage forget
+        its backoff, and retry (and say "reachable again") ten times a second.
+        """
         try:
             # Schedules first: an occurrence parked now and already due goes out in this same cycle.
             self._run_schedules()
-            full, wait = self._promote_once()
-            self._recovered()
-        except StoreError as error:
-            self._fault("redis", error)
+            full, wait, answered = self._promote_once()
+        except Exception as error:
+            self._failed("promoting", error)
             return
-        except ConfigurationError as error:
-            self._misconfigured(error)
-            return
-        except TargetUnavailable as error:
-            self._fault("target", error)
-            return
-        except Exception:
-            # A bug or an unexpected reply must not kill the promoter; log it and keep going.
-            self._unexpected("promoting")
-            return
+        if answered:
+            self._answered()  # said now, not after the sleep
         self.counters.cycles += 1
         if self.cron is not None:
             wait = min(wait, max(self.cron.seconds_until_due(), self._schedules_retry_at - time.monotonic()))
-        if full or wait <= 0 or self._stopping.is_set():
-            return
-        try:
-            self._sleep(wait)
-        except StoreError as error:
-            self._fault("redis", error)
-        except Exception:
-            # The wake list can be refused too (a key of the wrong type, a missing permission): back off.
-            self._unexpected("sleeping")
+        if not (full or wait <= 0 or self._stopping.is_set()):
+            try:
+                answered = self._sleep(wait) or answered
+            except Exception as error:
+                # The wake list can be refused too (a key of the wrong type, a missing permission): back off.
+                self._failed("sleeping", error)
+                return
+        if answered:
+            self._recovered()
 
     def _run_schedules(self) -> None:
         """Keep the recurring schedules' next occurrences parked. Their failure (a stored definition or record
@@ -304,8 +302,9 @@ class Promoter:
         self._schedule_backoff = self._schedule_backoff.reset()
         self._schedules_retry_at = 0.0
 
-    def _sleep(self, wait: float) -> None:
-        """Sleep until something is due, waking at once when an earlier message is parked.
+    def _sleep(self, wait: float) -> bool:
+        """Sleep until something is due, waking at once when an earlier message is parked; whether Redis
+        answered (a wait too short to block in Redis is slept locally).
 
         Redis checks blocking timeouts only ``hz`` times a second (100 ms apart by default), so a BLPOP
         alone would wake up to 100 ms late. The promoter blocks until shortly before the due time and
@@ -313,14 +312,17 @@ class Promoter:
         """
         if wait >= self.max_idle:
             self._woken(self.store.wait_for_wake(self.max_idle, self.id))
-            return
+            return True
         wake_at = time.monotonic() + wait
+        answered = False
         # In turns: the store shortens a BLPOP to fit the client's socket timeout, and a local sleep in its place
         # would not hear a park due earlier (a 2 s socket timeout made such parks up to 3.7 s late).
         while (left := wake_at - time.monotonic()) > BLOCKING_SLACK + 0.02 and not self._stopping.is_set():
+            answered = True
             if self._woken(self.store.wait_for_wake(left - BLOCKING_SLACK, self.id)):
-                return
+                return True
         self._stopping.wait(max(0.0, wake_at - time.monotonic()))
+        return answered
 
     def _woken(self, shards: frozenset[int] | None) -> bool:
         for shard in shards or ():
@@ -346,9 +348,9 @@ class Promoter:
             )
         self._eviction_checked = True
 
-    def _promote_once(self) -> tuple[bool, float]:
-        """Promotes on every shard that needs a look; returns whether a batch was full and how long (s) until
-        the next look."""
+    def _promote_once(self) -> tuple[bool, float, bool]:
+        """Promotes on every shard that needs a look; returns whether a batch was full, how long (s) until the
+        next look, and whether Redis answered (with no shard due for a look, it was asked nothing)."""
         if not self._eviction_checked:
             self._warn_of_eviction()
         started = time.monotonic()
@@ -385,31 +387,49 @@ class Promoter:
             raise failed[0][1]  # nothing could be promoted: an outage, backed off as one
         for shard, refusal in failed:
             self._shard_fault(shard, refusal, started)
-        self._open_packs(started, {shard for shard, _ in failed})
+        answered = self._open_packs(started, {shard for shard, _ in failed}, answered=looked > len(failed))
         self._trim_dead(started)
         next_look = min(min(self._look_at), min(self._packs_at))
-        return any_full, next_look - time.monotonic()
+        return any_full, next_look - time.monotonic(), answered
 
-    def _open_packs(self, now: float, failing: set[int]) -> None:
+    def _open_packs(self, now: float, failing: set[int], *, answered: bool) -> bool:
         """Open the packs coming due, one chunk per shard and cycle: a call blocks Redis for every promoter
         (about 35 µs a record), so what falls due meanwhile waits for one chunk at most, never a whole pack.
         A shard is looked at again when its next pack comes due, at once when a producer wakes promoters for
         an earlier pack, and at least every quarter of the lead: a pack is opened in time as long as it is
-        opened within the lead."""
-        lead = self.store.pack_lead_ms / 1000
+        opened within the lead.
+
+        Returns whether Redis answered in this cycle (``answered``: the shards' looks did). When it answered
+        nothing at all, a failure here is raised: an outage, backed off from as one."""
+        unavailable: list[tuple[int, StoreError]] = []
         for shard, at in enumerate(self._packs_at):
             if at > now or shard in failing:
                 continue
             try:
-                next_ms = self.store.open_packs(shard, calls=1)
-            except DelayBrokerError as error:
-                if not (isinstance(error, StoreError) or type(error) is DelayBrokerError):
-                    raise
-                logger.warning("Promoter %s: opening packs of shard %d failed, retrying: %s", self.id, shard, error)
-                self._packs_at[shard] = now + min(5.0, lead / 4)
+                self._open_packs_of(shard, now)
+            except StoreError as error:
+                unavailable.append((shard, error))
                 continue
-            wait = lead / 4 if next_ms is None else (next_ms - self.store.estimated_now_ms()) / 1000
-            self._packs_at[shard] = now + max(0.0, min(wait, lead / 4))
+            except DelayBrokerError as error:
+                if type(error) is not DelayBrokerError:
+                    raise
+                self._packs_failed(shard, error, now)  # one of the shard's keys refused: Redis answered that
+            answered = True
+        if unavailable and not answered:
+            raise unavailable[0][1]
+        for shard, failure in unavailable:
+            self._packs_failed(shard, failure, now)
+        return answered
+
+    def _open_packs_of(self, shard: int, now: float) -> None:
+        lead = self.store.pack_lead_ms / 1000
+        next_ms = self.store.open_packs(shard, calls=1)
+        wait = lead / 4 if next_ms is None else (next_ms - self.store.estimated_now_ms()) / 1000
+        self._packs_at[shard] = now + max(0.0, min(wait, lead / 4))
+
+    def _packs_failed(self, shard: int, error: DelayBrokerError, now: float) -> None:
+        logger.warning("Promoter %s: opening packs of shard %d failed, retrying: %s", self.id, shard, error)
+        self._packs_at[shard] = now + min(5.0, self.store.pack_lead_ms / 4000)
 
     def _sweep(self) -> None:
         """The far tier's sweeper, in a thread of its own beside the promotion loop: a sweep takes milliseconds
@@ -596,6 +616,18 @@ class Promoter:
 
     # -- faults ----------------------------------------------------------------------------------------
 
+    def _failed(self, doing: str, error: Exception) -> None:
+        """A cycle failed while ``doing`` (promoting or sleeping): log it as its kind needs, and back off."""
+        if isinstance(error, StoreError):
+            self._fault("redis", error)
+        elif isinstance(error, ConfigurationError):
+            self._misconfigured(error)
+        elif isinstance(error, TargetUnavailable):
+            self._fault("target", error)
+        else:
+            # A bug or an unexpected reply must not kill the promoter; log it and keep going.
+            self._unexpected(doing)
+
     def _fault(self, stage: str, error: BaseException | None) -> None:
         self.counters.errors += 1
         self._backoff = self._backoff.failed()
@@ -637,12 +669,20 @@ class Promoter:
             logger.debug("Promoter %s: unexpected error while %s again.", self.id, doing, exc_info=True)
         self._fault("internal", None)
 
-    def _recovered(self) -> None:
+    def _answered(self) -> None:
+        """Redis answered a call: an outage is over, and said so at once (the run of failures may go on, should
+        the rest of the cycle fail)."""
         if self._redis_down:
+            self._redis_down = False
+            self._outage_ended = True
             logger.info("Promoter %s: Redis reachable again.", self.id)
-        elif self._backoff.failures:
+
+    def _recovered(self) -> None:
+        """A cycle went through, and Redis answered in it: the run of failures is over."""
+        self._answered()
+        if self._backoff.failures and not self._outage_ended:
             logger.info("Promoter %s: promoting again after %d failed attempts.", self.id, self._backoff.failures)
-        self._redis_down = False
+        self._outage_ended = False
         self._backoff = self._backoff.reset()
 
 
