@@ -101,3 +101,28 @@ def test_a_promoter_backs_off_in_a_redis_outage_and_says_so_once(namespace, capl
         assert gap >= min(5.0, 0.05 * 2**k) * 0.95, f"wait {k + 1} was {gap:.3f} s: {gaps}"
     # Hence at most 7 attempts in 5 s (the shortest seven waits add up to 6.35 s); it used to make about 40.
     assert len(attempts) <= 7
+
+
+def test_a_refused_wake_list_is_reported_once_and_backed_off_from(redis_server, namespace, caplog):
+    # The same flaw, without an outage: the sleep's BLPOP refused (a string at the wake key) while nothing was
+    # due for a look made a traceback and a "promoting again" line every 50-100 ms (52 of each in 4 s).
+    caplog.set_level(logging.INFO, logger="delay_broker.promoter")
+    client = redis_server.client()
+    store = DelayStore(client, namespace=namespace)
+    store.park("an-hour-ahead", envelope(), delay=3600)
+    client.delete(store.keys.wake)
+    client.set(store.keys.wake, "not a list")
+    ready = f"{namespace}:ready"
+    promoter = Promoter(store, DirectLists({"ready": ListTarget(ready)}), max_idle=30).start()
+    try:
+        wait_for(lambda: promoter.counters.errors >= 5, what="the sleep failing again and again")
+        assert len(lines(caplog.records, "unexpected error while sleeping")) == 1
+        assert lines(caplog.records, "promoting again") == []
+        client.delete(store.keys.wake)
+        store.park("after", envelope(b"after"), delay=0.2)  # its wake ends the first sleep that works
+        wait_for(lambda: client.llen(ready) == 1, timeout=20, what="promoted")
+    finally:
+        promoter.stop()
+        client.delete(ready, *store.keys.all())
+    assert len(lines(caplog.records, "promoting again")) == 1
+    assert len(lines(caplog.records, "unexpected error while sleeping")) == 1
