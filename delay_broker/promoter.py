@@ -20,12 +20,26 @@ from . import tracing
 from .backoff import Backoff
 from .errors import ConfigurationError, DelayBrokerError, DeliveryRefused, StoreError, TargetUnavailable
 from .renewal import LeaseRenewal
+from .reports import BasicListener, PromoterCounters, PromoterListener, as_listener
 from .stop_flag import StopFlag
 from .store import MAX_BATCH, Claim, ClaimedMessage, DelayStore, NackAction, new_promoter_id
 from .targets import ListTarget
 
 if TYPE_CHECKING:
     from .cron import CronScheduler
+
+__all__ = [
+    "BLOCKING_SLACK",
+    "DEAD_TRIM_INTERVAL",
+    "FAR_BATCHES_PER_SWEEP",
+    "ORPHAN_CHECK_INTERVAL",
+    "PACKS_AFTER_WAKE",
+    "Deliverer",
+    "DirectDeliverer",
+    "Promoter",
+    "PromoterCounters",
+    "PromoterListener",
+]
 
 logger = logging.getLogger("delay_broker.promoter")
 
@@ -84,40 +98,6 @@ class _Deliveries:
     outage: TargetUnavailable | None = None
 
 
-class PromoterListener(Protocol):
-    """Receives what a promoter does, for metrics. Called from the promoter's thread; must not block."""
-
-    def promoted(self, lateness_ms: Sequence[int]) -> None: ...
-
-    def dead_lettered(self, count: int) -> None: ...
-
-    def failed(self, stage: str) -> None: ...
-
-    # Optional (looked up with getattr, so listeners written before it keep working):
-    # def missed(self, schedule: str, count: int) -> None  -- occurrences a recurring schedule skipped
-    # def promoted_by_task(self, counts: Mapping[tuple[str, str], int]) -> None  -- promoted per (queue, name)
-
-
-@dataclass
-class PromoterCounters:
-    """Totals of one promoter since it started (the store's counters are the cluster-wide view)."""
-
-    cycles: int = 0
-    promoted: int = 0
-    dead_lettered: int = 0
-    retried: int = 0
-    errors: int = 0
-    missed: int = 0
-    """Occurrences of recurring schedules skipped (no promoter ran them in time), as found by this promoter."""
-    lateness_ms: list[int] = field(default_factory=list)
-    keep_lateness: bool = False
-
-    def record(self, lateness: Sequence[int]) -> None:
-        self.promoted += len(lateness)
-        if self.keep_lateness:
-            self.lateness_ms.extend(lateness)
-
-
 class Promoter:
     """Claims due messages, delivers them and acknowledges them, until stopped.
 
@@ -131,6 +111,8 @@ class Promoter:
       batch: messages per claim (<= 1000). A full batch is followed at once by the next (backlog drain).
       lease: seconds a claimed message stays reserved for this promoter before any other may take it.
       max_idle: longest sleep, in seconds, between two looks at the store when nothing is due sooner.
+      listener: told what the promoter does, for metrics: a :class:`PromoterListener` (or an object with its
+        ``promoted``, ``dead_lettered`` and ``failed`` methods). May be replaced while the promoter runs.
       keep_lateness: keep every lateness figure in :attr:`counters` (for demos and benchmarks).
       cron: recurring schedules whose next occurrences this promoter keeps parked (any number of promoters
         may share the same schedules; each occurrence still runs once).
@@ -144,7 +126,7 @@ class Promoter:
         batch: int = 200,
         lease: float = 30.0,
         max_idle: float = 5.0,
-        listener: PromoterListener | None = None,
+        listener: BasicListener | None = None,
         keep_lateness: bool = False,
         name: str | None = None,
         cron: CronScheduler | None = None,
@@ -159,6 +141,7 @@ class Promoter:
         self.lease = lease
         self._eviction_checked = False
         self.max_idle = max_idle
+        self._notify = PromoterListener()
         self.listener = listener
         self.cron = cron
         if cron is not None and cron.on_missed is None:
@@ -216,6 +199,17 @@ class Promoter:
             self.store.wake(self.id)
         if self._thread is not None and self._thread is not threading.current_thread():
             self._thread.join(timeout)
+
+    @property
+    def listener(self) -> BasicListener | None:
+        """The listener given (None: none)."""
+        return self._listener
+
+    @listener.setter
+    def listener(self, listener: BasicListener | None) -> None:
+        # Checked and wrapped once, here: the loop calls every method without looking it up.
+        self._notify = as_listener(listener)
+        self._listener = listener
 
     @property
     def running(self) -> bool:
@@ -283,8 +277,7 @@ class Promoter:
                 logger.debug("Promoter %s: recurring schedules not looked at: %s", self.id, error)
                 return
             self.counters.errors += 1
-            if self.listener:
-                self.listener.failed("configuration" if isinstance(error, ConfigurationError) else "internal")
+            self._notify.failed("configuration" if isinstance(error, ConfigurationError) else "internal")
             # Once per run of failures: one that repeats at every backoff would flood the log.
             if self._schedules_reported:
                 logger.debug("Promoter %s: recurring schedules failed again.", self.id, exc_info=True)
@@ -598,21 +591,16 @@ class Promoter:
     def _promoted(self, lateness: Sequence[int], dead: int, by_task: Mapping[tuple[str, str], int]) -> None:
         if lateness:
             self.counters.record(lateness)
-            if self.listener:
-                self.listener.promoted(lateness)
-                promoted_by_task = getattr(self.listener, "promoted_by_task", None)
-                if promoted_by_task is not None and by_task:
-                    promoted_by_task(by_task)
+            self._notify.promoted(lateness)
+            if by_task:
+                self._notify.promoted_by_task(by_task)
         if dead:
             self.counters.dead_lettered += dead
-            if self.listener:
-                self.listener.dead_lettered(dead)
+            self._notify.dead_lettered(dead)
 
     def _schedule_missed(self, schedule: str, count: int) -> None:
         self.counters.missed += count
-        missed = getattr(self.listener, "missed", None)
-        if missed is not None:
-            missed(schedule, count)
+        self._notify.missed(schedule, count)
 
     # -- faults ----------------------------------------------------------------------------------------
 
@@ -631,8 +619,7 @@ class Promoter:
     def _fault(self, stage: str, error: BaseException | None) -> None:
         self.counters.errors += 1
         self._backoff = self._backoff.failed()
-        if self.listener:
-            self.listener.failed(stage)
+        self._notify.failed(stage)
         if stage == "redis" and not self._redis_down:
             self._redis_down = True
             logger.warning("Promoter %s: Redis unavailable (%s); backing off.", self.id, error)
@@ -644,8 +631,7 @@ class Promoter:
         """One shard failed while others were promoted: it alone is looked at again after a backoff."""
         backoff = self._shard_backoff[shard] = self._shard_backoff.get(shard, Backoff()).failed()
         self.counters.errors += 1
-        if self.listener:
-            self.listener.failed("redis")
+        self._notify.failed("redis")
         if backoff.failures == 1:
             logger.warning(
                 "Promoter %s: shard %d unavailable (%s); promoting the other shards, retrying it with backoff.",
