@@ -7,7 +7,7 @@ only when a metric object is made, so the core works without it, and so that a p
 
 Two parts:
 
-- :class:`PromoterMetrics`, a :class:`~delay_broker.promoter.PromoterListener`: counters and a histogram
+- :class:`PromoterMetrics`, a :class:`~delay_broker.reports.PromoterListener`: counters and a histogram
   updated by a promoter as it works (``delay_broker_promoted_total``, ``delay_broker_promotion_lateness_seconds``,
   ``delay_broker_promoter_errors_total``, ``delay_broker_dead_lettered_total``).
 - :class:`StoreCollector`: reads :meth:`DelayStore.stats` when Prometheus scrapes, so one scrape shows the
@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from .errors import ConfigurationError
+from .reports import BasicListener, PromoterListener, as_listener
 from .store import DelayStore, StoreStats
 
 if TYPE_CHECKING:
@@ -160,8 +161,8 @@ def _families_of(registry: CollectorRegistry) -> _PromoterFamilies:
         return families
 
 
-class PromoterMetrics:
-    """A :class:`~delay_broker.promoter.PromoterListener` that counts what a promoter does.
+class PromoterMetrics(PromoterListener):
+    """A :class:`~delay_broker.reports.PromoterListener` that counts what a promoter does.
 
     Give it to a promoter: ``Promoter(store, deliverer, listener=PromoterMetrics.for_store(store))``. Any
     number of listeners (one per promoter or namespace) may share one registry (default: prometheus_client's
@@ -211,35 +212,34 @@ class PromoterMetrics:
             self._families.missed.labels(namespace=self.namespace, schedule=schedule).inc(count)
 
 
-class ListenerChain:
-    """Several promoter listeners as one (e.g. an application's own listener and :class:`PromoterMetrics`)."""
+class ListenerChain(PromoterListener):
+    """Several promoter listeners as one (e.g. an application's own listener and :class:`PromoterMetrics`).
+    Listeners that are no :class:`PromoterListener` are taken as a promoter takes them (see
+    :func:`~delay_broker.reports.as_listener`)."""
 
-    def __init__(self, *listeners: Any) -> None:
+    def __init__(self, *listeners: BasicListener | None) -> None:
         self.listeners = [listener for listener in listeners if listener is not None]
+        self._chain = [as_listener(listener) for listener in self.listeners]
 
     def promoted(self, lateness_ms: Sequence[int]) -> None:
-        for listener in self.listeners:
+        for listener in self._chain:
             listener.promoted(lateness_ms)
 
     def dead_lettered(self, count: int) -> None:
-        for listener in self.listeners:
+        for listener in self._chain:
             listener.dead_lettered(count)
 
     def failed(self, stage: str) -> None:
-        for listener in self.listeners:
+        for listener in self._chain:
             listener.failed(stage)
 
     def promoted_by_task(self, counts: Mapping[tuple[str, str], int]) -> None:
-        for listener in self.listeners:
-            method = getattr(listener, "promoted_by_task", None)
-            if method is not None:
-                method(counts)
+        for listener in self._chain:
+            listener.promoted_by_task(counts)
 
     def missed(self, schedule: str, count: int) -> None:
-        for listener in self.listeners:
-            missed = getattr(listener, "missed", None)
-            if missed is not None:
-                missed(schedule, count)
+        for listener in self._chain:
+            listener.missed(schedule, count)
 
 
 # -- store side ----------------------------------------------------------------------------------------------------

@@ -2,34 +2,50 @@
 
 It knows nothing of Dramatiq or Celery: a *deliverer* does the handing over. Any number of promoters may
 run at once, as threads or processes, on the same namespace; correctness never depends on there being one.
+
+Beside this module: :mod:`~delay_broker.claim_delivery` (the at-least-once delivery of one claim, under the
+lease :mod:`~delay_broker.renewal` keeps), :mod:`~delay_broker.faults` (what is said of failures, and the
+backoff), :mod:`~delay_broker.far_sweeper` (the far tier's thread) and :mod:`~delay_broker.reports`
+(counters and listeners).
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import math
-import random
 import threading
 import time
-from collections import Counter
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol, TypeVar, runtime_checkable
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from . import tracing
-from .errors import ConfigurationError, DelayBrokerError, DeliveryRefused, StoreError, TargetUnavailable
-from .renewal import LeaseRenewal
+from .backoff import Backoff
+from .claim_delivery import ClaimDelivery, Deliverer
+from .errors import ConfigurationError, DelayBrokerError, StoreError
+from .far_sweeper import FAR_BATCHES_PER_SWEEP, ORPHAN_CHECK_INTERVAL, FarSweeper
+from .faults import Faults
+from .reports import BasicListener, PromoterCounters, PromoterListener, as_listener
 from .stop_flag import StopFlag
-from .store import MAX_BATCH, Claim, ClaimedMessage, DelayStore, NackAction, new_promoter_id
+from .store import MAX_BATCH, DelayStore, new_promoter_id
 from .targets import ListTarget
 
 if TYPE_CHECKING:
     from .cron import CronScheduler
 
-logger = logging.getLogger("delay_broker.promoter")
+__all__ = [
+    "BLOCKING_SLACK",
+    "DEAD_TRIM_INTERVAL",
+    "FAR_BATCHES_PER_SWEEP",
+    "ORPHAN_CHECK_INTERVAL",
+    "PACKS_AFTER_WAKE",
+    "Deliverer",
+    "DirectDeliverer",
+    "Promoter",
+    "PromoterCounters",
+    "PromoterListener",
+]
 
-T = TypeVar("T")
+logger = logging.getLogger("delay_broker.promoter")
 
 BLOCKING_SLACK = 0.12
 """Seconds before a due time at which a sleeping promoter stops blocking in Redis and sleeps locally."""
@@ -39,28 +55,9 @@ DEAD_TRIM_INTERVAL = 60.0
 retention (``dead_max_count``/``dead_max_age``): the age bound holds to within this. A shard is also trimmed
 right after this promoter dead-lettered something there, so the count bound holds to within a batch."""
 
-FAR_BATCHES_PER_SWEEP = 20
-"""Far-tier move transactions per sweep at most: a backlog of rows is drained over several sweeps, so that a
-stop request waits for no more than this many."""
-
-ORPHAN_CHECK_INTERVAL = 300.0
-"""Seconds between two looks for moved-in tokens whose rows are gone (left by a mover that died)."""
-
 PACKS_AFTER_WAKE = 1.0
 """Seconds within which a woken promoter looks at the shard's packs: a wake may be for a pack that a producer
 with a shorter ``pack_after`` made, due at least 5 seconds ahead."""
-
-
-@runtime_checkable
-class Deliverer(Protocol):
-    """Puts one claimed message into its framework's queue (at-least-once, under a lease).
-
-    Raise :class:`~delay_broker.errors.DeliveryRefused` for a message that can never be delivered (it is
-    dead-lettered), :class:`~delay_broker.errors.TargetUnavailable` when the broker is down (the batch is
-    given back and the promoter backs off), anything else for a failure worth retrying.
-    """
-
-    def deliver(self, message: ClaimedMessage) -> None: ...
 
 
 @runtime_checkable
@@ -71,51 +68,6 @@ class DirectDeliverer(Protocol):
     """
 
     def direct_routes(self) -> Mapping[str, ListTarget]: ...
-
-
-@dataclass
-class _Deliveries:
-    """What became of one claim's messages."""
-
-    delivered: list[str] = field(default_factory=list)
-    lateness: list[int] = field(default_factory=list)
-    by_task: Counter[tuple[str, str]] = field(default_factory=Counter)
-    failures: list[tuple[str, str, NackAction]] = field(default_factory=list)
-    outage: TargetUnavailable | None = None
-
-
-class PromoterListener(Protocol):
-    """Receives what a promoter does, for metrics. Called from the promoter's thread; must not block."""
-
-    def promoted(self, lateness_ms: Sequence[int]) -> None: ...
-
-    def dead_lettered(self, count: int) -> None: ...
-
-    def failed(self, stage: str) -> None: ...
-
-    # Optional (looked up with getattr, so listeners written before it keep working):
-    # def missed(self, schedule: str, count: int) -> None  -- occurrences a recurring schedule skipped
-    # def promoted_by_task(self, counts: Mapping[tuple[str, str], int]) -> None  -- promoted per (queue, name)
-
-
-@dataclass
-class PromoterCounters:
-    """Totals of one promoter since it started (the store's counters are the cluster-wide view)."""
-
-    cycles: int = 0
-    promoted: int = 0
-    dead_lettered: int = 0
-    retried: int = 0
-    errors: int = 0
-    missed: int = 0
-    """Occurrences of recurring schedules skipped (no promoter ran them in time), as found by this promoter."""
-    lateness_ms: list[int] = field(default_factory=list)
-    keep_lateness: bool = False
-
-    def record(self, lateness: Sequence[int]) -> None:
-        self.promoted += len(lateness)
-        if self.keep_lateness:
-            self.lateness_ms.extend(lateness)
 
 
 class Promoter:
@@ -131,6 +83,8 @@ class Promoter:
       batch: messages per claim (<= 1000). A full batch is followed at once by the next (backlog drain).
       lease: seconds a claimed message stays reserved for this promoter before any other may take it.
       max_idle: longest sleep, in seconds, between two looks at the store when nothing is due sooner.
+      listener: told what the promoter does, for metrics: a :class:`PromoterListener` (or an object with its
+        ``promoted``, ``dead_lettered`` and ``failed`` methods). May be replaced while the promoter runs.
       keep_lateness: keep every lateness figure in :attr:`counters` (for demos and benchmarks).
       cron: recurring schedules whose next occurrences this promoter keeps parked (any number of promoters
         may share the same schedules; each occurrence still runs once).
@@ -144,7 +98,7 @@ class Promoter:
         batch: int = 200,
         lease: float = 30.0,
         max_idle: float = 5.0,
-        listener: PromoterListener | None = None,
+        listener: BasicListener | None = None,
         keep_lateness: bool = False,
         name: str | None = None,
         cron: CronScheduler | None = None,
@@ -159,6 +113,7 @@ class Promoter:
         self.lease = lease
         self._eviction_checked = False
         self.max_idle = max_idle
+        self._notify = PromoterListener()
         self.listener = listener
         self.cron = cron
         if cron is not None and cron.on_missed is None:
@@ -167,21 +122,17 @@ class Promoter:
         self.counters = PromoterCounters(keep_lateness=keep_lateness)
         self._stopping = StopFlag()  # set by request_stop(), which a SIGTERM handler calls
         self._thread: threading.Thread | None = None
-        self._redis_down = False
-        self._failures = 0
+        self._faults = Faults(self.id)
         self._look_at: list[float] = []
         """Per shard: the monotonic time of the next look."""
         self._packs_at: list[float] = []
         """Per shard: the monotonic time of the next look at its packs (see :meth:`DelayStore.open_packs`)."""
-        self._shard_failures: dict[int, int] = {}
-        """Per shard that failed while others did not: its failures in a row."""
         self._layout_checked = time.monotonic()
         self._dead_in: set[int] = set()
         """Shards this promoter dead-lettered something in since it last trimmed them."""
         self._trimmed_at = float("-inf")
-        self._far_down = False
-        self._schedule_failures = 0
-        """Failures in a row of the recurring schedules' look, which backs off on its own."""
+        self._schedule_backoff = Backoff()
+        """Of the recurring schedules' look, which backs off on its own."""
         self._schedules_retry_at = 0.0
         self._schedules_reported = False
         if isinstance(deliverer, DirectDeliverer):
@@ -215,6 +166,17 @@ class Promoter:
             self._thread.join(timeout)
 
     @property
+    def listener(self) -> BasicListener | None:
+        """The listener given (None: none)."""
+        return self._listener
+
+    @listener.setter
+    def listener(self, listener: BasicListener | None) -> None:
+        # Checked and wrapped once, here: the loop calls every method without looking it up.
+        self._notify = as_listener(listener)
+        self._listener = listener
+
+    @property
     def running(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
@@ -224,8 +186,7 @@ class Promoter:
         logger.info("Promoter %s started on %s (%s).", self.id, self.store.keys.pattern, mode)
         sweeper = None
         if self.store.far_tier is not None:
-            sweeper = threading.Thread(target=self._sweep, name=f"delay-broker-sweeper-{self.id}", daemon=True)
-            sweeper.start()
+            sweeper = FarSweeper(self.store, self.id, self._stopping, self._unexpected).start()
         try:
             while not self._stopping.is_set():
                 self.step()
@@ -236,37 +197,32 @@ class Promoter:
             logger.info("Promoter %s stopped.", self.id)
 
     def step(self) -> None:
-        """One cycle: promote what is due, then sleep until the next due time (or back off after a fault)."""
+        """One cycle: promote what is due, then sleep until the next due time (or back off after a fault).
+
+        A run of failures ends with a cycle that went through and in which Redis answered (see
+        :mod:`~delay_broker.faults`).
+        """
         try:
             # Schedules first: an occurrence parked now and already due goes out in this same cycle.
             self._run_schedules()
-            full, wait = self._promote_once()
-            self._recovered()
-        except StoreError as error:
-            self._fault("redis", error)
+            full, wait, answered = self._promote_once()
+        except Exception as error:
+            self._failed("promoting", error)
             return
-        except ConfigurationError as error:
-            self._misconfigured(error)
-            return
-        except TargetUnavailable as error:
-            self._fault("target", error)
-            return
-        except Exception:
-            # A bug or an unexpected reply must not kill the promoter; log it and keep going.
-            self._unexpected("promoting")
-            return
+        if answered:
+            self._faults.answered()  # said now, not after the sleep
         self.counters.cycles += 1
         if self.cron is not None:
             wait = min(wait, max(self.cron.seconds_until_due(), self._schedules_retry_at - time.monotonic()))
-        if full or wait <= 0 or self._stopping.is_set():
-            return
-        try:
-            self._sleep(wait)
-        except StoreError as error:
-            self._fault("redis", error)
-        except Exception:
-            # The wake list can be refused too (a key of the wrong type, a missing permission): back off.
-            self._unexpected("sleeping")
+        if not (full or wait <= 0 or self._stopping.is_set()):
+            try:
+                answered = self._sleep(wait) or answered
+            except Exception as error:
+                # The wake list can be refused too (a key of the wrong type, a missing permission): back off.
+                self._failed("sleeping", error)
+                return
+        if answered:
+            self._faults.recovered()
 
     def _run_schedules(self) -> None:
         """Keep the recurring schedules' next occurrences parked. Their failure (a stored definition or record
@@ -277,16 +233,14 @@ class Promoter:
         try:
             self.cron.run_pending()
         except Exception as error:
-            self._schedule_failures += 1
-            ceiling = min(10.0, 0.05 * 2 ** min(self._schedule_failures, 10))
-            self._schedules_retry_at = time.monotonic() + random.uniform(ceiling / 2, ceiling)
+            self._schedule_backoff = self._schedule_backoff.failed()
+            self._schedules_retry_at = time.monotonic() + self._schedule_backoff.wait()
             if isinstance(error, StoreError):
                 # Redis itself: the promotion that follows meets it too, and reports and backs off from it.
                 logger.debug("Promoter %s: recurring schedules not looked at: %s", self.id, error)
                 return
             self.counters.errors += 1
-            if self.listener:
-                self.listener.failed("configuration" if isinstance(error, ConfigurationError) else "internal")
+            self._notify.failed("configuration" if isinstance(error, ConfigurationError) else "internal")
             # Once per run of failures: one that repeats at every backoff would flood the log.
             if self._schedules_reported:
                 logger.debug("Promoter %s: recurring schedules failed again.", self.id, exc_info=True)
@@ -301,11 +255,12 @@ class Promoter:
         if self._schedules_reported:
             logger.info("Promoter %s: recurring schedules run again.", self.id)
         self._schedules_reported = False
-        self._schedule_failures = 0
+        self._schedule_backoff = self._schedule_backoff.reset()
         self._schedules_retry_at = 0.0
 
-    def _sleep(self, wait: float) -> None:
-        """Sleep until something is due, waking at once when an earlier message is parked.
+    def _sleep(self, wait: float) -> bool:
+        """Sleep until something is due, waking at once when an earlier message is parked; whether Redis
+        answered (a wait too short to block in Redis is slept locally).
 
         Redis checks blocking timeouts only ``hz`` times a second (100 ms apart by default), so a BLPOP
         alone would wake up to 100 ms late. The promoter blocks until shortly before the due time and
@@ -313,14 +268,18 @@ class Promoter:
         """
         if wait >= self.max_idle:
             self._woken(self.store.wait_for_wake(self.max_idle, self.id))
-            return
+            return True
         wake_at = time.monotonic() + wait
+        answered = False
         # In turns: the store shortens a BLPOP to fit the client's socket timeout, and a local sleep in its place
         # would not hear a park due earlier (a 2 s socket timeout made such parks up to 3.7 s late).
         while (left := wake_at - time.monotonic()) > BLOCKING_SLACK + 0.02 and not self._stopping.is_set():
-            if self._woken(self.store.wait_for_wake(left - BLOCKING_SLACK, self.id)):
-                return
+            woken = self._woken(self.store.wait_for_wake(left - BLOCKING_SLACK, self.id))
+            answered = True
+            if woken:
+                return True
         self._stopping.wait(max(0.0, wake_at - time.monotonic()))
+        return answered
 
     def _woken(self, shards: frozenset[int] | None) -> bool:
         for shard in shards or ():
@@ -346,9 +305,9 @@ class Promoter:
             )
         self._eviction_checked = True
 
-    def _promote_once(self) -> tuple[bool, float]:
-        """Promotes on every shard that needs a look; returns whether a batch was full and how long (s) until
-        the next look."""
+    def _promote_once(self) -> tuple[bool, float, bool]:
+        """Promotes on every shard that needs a look; returns whether a batch was full, how long (s) until the
+        next look, and whether Redis answered (with no shard due for a look, it was asked nothing)."""
         if not self._eviction_checked:
             self._warn_of_eviction()
         started = time.monotonic()
@@ -359,10 +318,26 @@ class Promoter:
         if len(self._look_at) != shards:
             self._look_at = [0.0] * shards
             self._packs_at = [0.0] * shards
+        any_full, looked, failed = self._look_at_shards(started)
+        if failed and len(failed) == looked:
+            raise failed[0][1]  # nothing could be promoted: an outage, backed off as one
+        for shard, refusal in failed:
+            # One shard failed while others were promoted: it alone is looked at again, after its own backoff.
+            self._look_at[shard] = started + self._faults.shard_failed(shard, refusal)
+            self.counters.errors += 1
+            self._notify.failed("redis")
+        answered = self._open_packs(started, {shard for shard, _ in failed}, answered=looked > len(failed))
+        self._trim_dead(started)
+        next_look = min(min(self._look_at), min(self._packs_at))
+        return any_full, next_look - time.monotonic(), answered
+
+    def _look_at_shards(self, started: float) -> tuple[bool, int, list[tuple[int, DelayBrokerError]]]:
+        """Promotes on every shard due for a look; whether a batch was full, how many shards were looked at,
+        and those that failed."""
         any_full = False
         failed: list[tuple[int, DelayBrokerError]] = []
         looked = 0
-        for shard in range(shards):
+        for shard in range(len(self._look_at)):
             if self._look_at[shard] > started:
                 continue
             looked += 1
@@ -375,66 +350,51 @@ class Promoter:
                     raise
                 failed.append((shard, error))
                 continue
-            if self._shard_failures.pop(shard, 0):
-                logger.info("Promoter %s: promoting shard %d again.", self.id, shard)
+            self._faults.shard_answered(shard)
             # Every shard is looked at within max_idle even when nothing is due: a wake lost with a producer
             # that died, or a lease left by a promoter that died, is picked up by the others.
             self._look_at[shard] = started + (0.0 if full else max(0.0, min(wait, self.max_idle)))
             any_full = any_full or full
-        if failed and len(failed) == looked:
-            raise failed[0][1]  # nothing could be promoted: an outage, backed off as one
-        for shard, refusal in failed:
-            self._shard_fault(shard, refusal, started)
-        self._open_packs(started, {shard for shard, _ in failed})
-        self._trim_dead(started)
-        next_look = min(min(self._look_at), min(self._packs_at))
-        return any_full, next_look - time.monotonic()
+        return any_full, looked, failed
 
-    def _open_packs(self, now: float, failing: set[int]) -> None:
+    def _open_packs(self, now: float, failing: set[int], *, answered: bool) -> bool:
         """Open the packs coming due, one chunk per shard and cycle: a call blocks Redis for every promoter
         (about 35 µs a record), so what falls due meanwhile waits for one chunk at most, never a whole pack.
         A shard is looked at again when its next pack comes due, at once when a producer wakes promoters for
         an earlier pack, and at least every quarter of the lead: a pack is opened in time as long as it is
-        opened within the lead."""
-        lead = self.store.pack_lead_ms / 1000
+        opened within the lead.
+
+        Returns whether Redis answered in this cycle (``answered``: the shards' looks did). When it answered
+        nothing at all, a failure here is raised: an outage, backed off from as one."""
+        unavailable: list[tuple[int, StoreError]] = []
         for shard, at in enumerate(self._packs_at):
             if at > now or shard in failing:
                 continue
             try:
-                next_ms = self.store.open_packs(shard, calls=1)
-            except DelayBrokerError as error:
-                if not (isinstance(error, StoreError) or type(error) is DelayBrokerError):
-                    raise
-                logger.warning("Promoter %s: opening packs of shard %d failed, retrying: %s", self.id, shard, error)
-                self._packs_at[shard] = now + min(5.0, lead / 4)
-                continue
-            wait = lead / 4 if next_ms is None else (next_ms - self.store.estimated_now_ms()) / 1000
-            self._packs_at[shard] = now + max(0.0, min(wait, lead / 4))
-
-    def _sweep(self) -> None:
-        """The far tier's sweeper, in a thread of its own beside the promotion loop: a sweep takes milliseconds
-        (a PostgreSQL transaction and a script), which must not delay the promotion of what is due meanwhile."""
-        assert self.store.far_tier is not None
-        orphans_checked = -math.inf  # at the first sweep too: a promoter that lives under 5 minutes still checks
-        while not self._stopping.is_set():
-            try:
-                for _ in range(FAR_BATCHES_PER_SWEEP):
-                    if self.store.sweep_far() < self.store.far_tier.batch or self._stopping.is_set():
-                        break
-                if time.monotonic() - orphans_checked >= ORPHAN_CHECK_INTERVAL:
-                    orphans_checked = time.monotonic()
-                    self.store.forget_moved_orphans()
-                if self._far_down:
-                    logger.info("Promoter %s: far tier sweep works again.", self.id)
-                    self._far_down = False
+                self._open_packs_of(shard, now)
             except StoreError as error:
-                # PostgreSQL (or Redis) down: retried every interval; what is in Redis is promoted meanwhile.
-                if not self._far_down:
-                    logger.warning("Promoter %s: far tier sweep failed, retrying every interval: %s", self.id, error)
-                self._far_down = True
-            except Exception:
-                self._unexpected("sweeping the far tier")
-            self._stopping.wait(self.store.far_tier.sweep_interval)
+                unavailable.append((shard, error))
+                continue
+            except DelayBrokerError as error:
+                if type(error) is not DelayBrokerError:
+                    raise
+                self._packs_failed(shard, error, now)  # one of the shard's keys refused: Redis answered that
+            answered = True
+        if unavailable and not answered:
+            raise unavailable[0][1]
+        for shard, failure in unavailable:
+            self._packs_failed(shard, failure, now)
+        return answered
+
+    def _open_packs_of(self, shard: int, now: float) -> None:
+        lead = self.store.pack_lead_ms / 1000
+        next_ms = self.store.open_packs(shard, calls=1)
+        wait = lead / 4 if next_ms is None else (next_ms - self.store.estimated_now_ms()) / 1000
+        self._packs_at[shard] = now + max(0.0, min(wait, lead / 4))
+
+    def _packs_failed(self, shard: int, error: DelayBrokerError, now: float) -> None:
+        logger.warning("Promoter %s: opening packs of shard %d failed, retrying: %s", self.id, shard, error)
+        self._packs_at[shard] = now + min(5.0, self.store.pack_lead_ms / 4000)
 
     def _trim_dead(self, now: float) -> None:
         """Enforce the store's dead-letter retention (see :meth:`DelayStore.trim_dead` for why here)."""
@@ -474,187 +434,53 @@ class Promoter:
             full = result.promoted + result.dead_lettered >= self.batch
             return full, _seconds_until(result.next_due_ms, result.now_ms, self.max_idle)
         claim = self.store.claim(self.batch, self.lease, self.id, shard=shard)
-        self._deliver(claim)
+        done = ClaimDelivery(
+            claim,
+            self.deliverer,
+            store=self.store,
+            lease=self.lease,
+            promoter_id=self.id,
+            stopping=self._stopping,
+            counters=self.counters,
+        ).run()
+        if done.dead:
+            self._dead_in.add(shard)
+        self._promoted(done.lateness, done.dead, done.by_task)
+        if done.outage is not None:
+            raise done.outage
         return len(claim.messages) >= self.batch, _seconds_until(claim.next_wake_ms, claim.now_ms, self.max_idle)
-
-    def _deliver(self, claim: Claim) -> None:
-        assert isinstance(self.deliverer, Deliverer)
-        # The lease is renewed while the deliveries go on: a slow publish is not a dead promoter.
-        renewal = LeaseRenewal(
-            self.store, [message.id for message in claim.messages], claim.lease_deadline_ms, self.lease, claim.shard
-        )
-        if claim.messages:
-            renewal.start()
-        try:
-            outcome = self._deliver_each(claim, renewal)
-        finally:
-            deadline_ms = renewal.stop() if claim.messages else claim.lease_deadline_ms
-        buried = list(claim.dead_lettered)  # by the claim itself: lease ran out too often, no envelope ...
-        try:
-            # Give back first: if Redis fails between the two calls, released messages must not wait out a
-            # lease (its expiry counts as an attempt); delivered ones waiting out theirs are merely delivered
-            # again.
-            if outcome.failures:
-                outcomes: list[str] = self._while_leased(
-                    renewal, lambda: self.store.nack(deadline_ms, outcome.failures, shard=claim.shard)
-                )
-                self.counters.retried += outcomes.count("retried")
-                buried += [
-                    (id, reason)
-                    for (id, reason, _), result in zip(outcome.failures, outcomes, strict=True)
-                    if result == "dead"
-                ]
-        finally:
-            # Delivered is delivered: acknowledged even when giving the others back failed, or they would be
-            # delivered again once their lease ran out.
-            if outcome.delivered:
-                self._while_leased(renewal, lambda: self.store.ack(deadline_ms, outcome.delivered, shard=claim.shard))
-        for id, reason in buried:
-            logger.warning("Promoter %s: dead-lettered %s: %s", self.id, id, reason)
-        if buried:
-            self._dead_in.add(claim.shard)
-        self._promoted(outcome.lateness, len(buried), outcome.by_task)
-        if outcome.outage is not None:
-            raise outcome.outage
-
-    def _while_leased(self, renewal: LeaseRenewal, settle: Callable[[], T]) -> T:
-        """``settle`` (the ack or nack of a claim), tried again while its lease holds. Given up at once, a
-        Redis blip (a slot in migration answering TRYAGAIN, a failover) made every delivered message of the
-        batch run again once its lease ran out, and counted it an attempt: dead-lettered at max_attempts."""
-        pause = 0.05
-        last_try = False
-        while True:
-            try:
-                return settle()
-            except StoreError as error:
-                if last_try or time.monotonic() + pause >= renewal.held_until():
-                    raise
-                logger.debug("Promoter %s: settling a claim failed, trying again: %s", self.id, error)
-                # A stop asked for meanwhile gets one more try, not the rest of the lease: stop() has a timeout.
-                last_try = self._stopping.wait(pause)
-                pause = min(pause * 2, 1.0)
-
-    def _deliver_each(self, claim: Claim, renewal: LeaseRenewal) -> _Deliveries:
-        """Deliver the claim's messages one by one; what became of each."""
-        assert isinstance(self.deliverer, Deliverer)
-        started = time.monotonic()
-        done = _Deliveries()
-        for message in claim.messages:
-            if renewal.was_released(message.id):
-                continue  # given back while a delivery before it hung: another promoter's now
-            # Stop delivering while a safe margin of the lease is left (renewals move it on): past it another
-            # promoter may take the message again, which would be a duplicate.
-            if done.outage is not None or self._stopping.is_set() or time.monotonic() > renewal.safe_until():
-                done.failures.append((message.id, "released: promoter stopping or out of lease", "release"))
-                continue
-            if message.envelope is None:
-                done.failures.append((message.id, message.problem or "corrupt envelope", "dead"))
-                continue
-            if not renewal.begin(message.id):
-                continue
-            try:
-                with tracing.promote_span(message.id, message.envelope.route, message.envelope.extra):
-                    self.deliverer.deliver(message)
-            except DeliveryRefused as error:
-                done.failures.append((message.id, f"delivery refused: {_text(error)}", "dead"))
-            except TargetUnavailable as error:
-                done.outage = error
-                done.failures.append((message.id, f"target unavailable: {_text(error)}", "release"))
-            except Exception as error:
-                # Type and text, not repr(): redis-py's exceptions leave their message out of repr().
-                reason = f"delivery failed: {type(error).__name__}: {_text(error)}"
-                logger.warning("Promoter %s: delivering %s failed: %s", self.id, message.id, reason)
-                done.failures.append((message.id, reason, "retry"))
-            else:
-                done.delivered.append(message.id)
-                done.by_task[message.envelope.route, message.envelope.name or ""] += 1
-                elapsed_ms = int((time.monotonic() - started) * 1000)
-                done.lateness.append(claim.now_ms + elapsed_ms - message.due_ms)
-            finally:
-                renewal.done()
-        return done
 
     def _promoted(self, lateness: Sequence[int], dead: int, by_task: Mapping[tuple[str, str], int]) -> None:
         if lateness:
             self.counters.record(lateness)
-            if self.listener:
-                self.listener.promoted(lateness)
-                promoted_by_task = getattr(self.listener, "promoted_by_task", None)
-                if promoted_by_task is not None and by_task:
-                    promoted_by_task(by_task)
+            self._notify.promoted(lateness)
+            if by_task:
+                self._notify.promoted_by_task(by_task)
         if dead:
             self.counters.dead_lettered += dead
-            if self.listener:
-                self.listener.dead_lettered(dead)
+            self._notify.dead_lettered(dead)
 
     def _schedule_missed(self, schedule: str, count: int) -> None:
         self.counters.missed += count
-        missed = getattr(self.listener, "missed", None)
-        if missed is not None:
-            missed(schedule, count)
+        self._notify.missed(schedule, count)
 
     # -- faults ----------------------------------------------------------------------------------------
 
-    def _fault(self, stage: str, error: BaseException | None) -> None:
-        self.counters.errors += 1
-        self._failures += 1
-        if self.listener:
-            self.listener.failed(stage)
-        if stage == "redis" and not self._redis_down:
-            self._redis_down = True
-            logger.warning("Promoter %s: Redis unavailable (%s); backing off.", self.id, error)
-        elif stage == "target" and self._failures == 1:
-            logger.warning("Promoter %s: target broker unavailable (%s); backing off.", self.id, error)
-        # Full jitter keeps many promoters from hammering a recovering server in step.
-        ceiling = min(10.0, 0.05 * 2 ** min(self._failures, 10))
-        self._stopping.wait(random.uniform(ceiling / 2, ceiling))
-
-    def _shard_fault(self, shard: int, error: DelayBrokerError, now: float) -> None:
-        """One shard failed while others were promoted: it alone is looked at again after a backoff."""
-        failures = self._shard_failures[shard] = self._shard_failures.get(shard, 0) + 1
-        self.counters.errors += 1
-        if self.listener:
-            self.listener.failed("redis")
-        if failures == 1:
-            logger.warning(
-                "Promoter %s: shard %d unavailable (%s); promoting the other shards, retrying it with backoff.",
-                self.id,
-                shard,
-                error,
-            )
-        ceiling = min(10.0, 0.05 * 2 ** min(failures, 10))
-        self._look_at[shard] = now + random.uniform(ceiling / 2, ceiling)
-
-    def _misconfigured(self, error: ConfigurationError) -> None:
-        # A configuration that cannot work is not an outage: say so loudly, once per run of failures.
-        if self._failures == 0:
-            logger.error("Promoter %s cannot promote: %s", self.id, error)
-        self._fault("configuration", None)
+    def _failed(self, doing: str, error: Exception) -> None:
+        """A cycle failed while ``doing`` (promoting or sleeping): said as its kind needs, counted, backed off."""
+        stage, wait = self._faults.failed(doing, error)
+        self._count_and_wait(stage, wait)
 
     def _unexpected(self, doing: str) -> None:
-        # The traceback once per run of failures: a fault that repeats at every backoff would flood the log.
-        if self._failures == 0:
-            logger.exception("Promoter %s: unexpected error while %s; retrying.", self.id, doing)
-        else:
-            logger.debug("Promoter %s: unexpected error while %s again.", self.id, doing, exc_info=True)
-        self._fault("internal", None)
+        self._count_and_wait("internal", self._faults.unexpected(doing))
 
-    def _recovered(self) -> None:
-        if self._redis_down:
-            logger.info("Promoter %s: Redis reachable again.", self.id)
-        elif self._failures:
-            logger.info("Promoter %s: promoting again after %d failed attempts.", self.id, self._failures)
-        self._redis_down = False
-        self._failures = 0
+    def _count_and_wait(self, stage: str, wait: float) -> None:
+        self.counters.errors += 1
+        self._notify.failed(stage)
+        self._stopping.wait(wait)
 
 
 def _seconds_until(target_ms: int | None, now_ms: int, default: float) -> float:
     if target_ms is None:
         return default
     return (target_ms - now_ms) / 1000.0
-
-
-def _text(error: BaseException) -> str:
-    """The error's text, with what UTF-8 cannot encode (a file name's undecodable bytes, say) escaped: it is
-    logged and stored, and a log handler writing UTF-8 would fail on it."""
-    return str(error).encode("utf-8", "backslashreplace").decode()
