@@ -121,7 +121,9 @@ class Keyspace:
     def key(self, name: str) -> str:
         return f"{self.prefix}:{{{self.tag}}}:{name}"
 
-    @property
+    # The fixed keys below are cached: a park of 1,000 messages named the same few keys thousands of times.
+
+    @cached_property
     def pattern(self) -> str:
         """A glob matching every key of this shard (for ACLs and inspection)."""
         return f"{self.prefix}:{{{self.tag}}}:*"
@@ -147,47 +149,47 @@ class Keyspace:
         """Every fixed key of the shard (per-promoter stop markers expire by themselves)."""
         return [*self.script_keys, self.layout]
 
-    @property
+    @cached_property
     def layout(self) -> str:
         """STRING: the number of shards of the namespace (shard 0 only; absent means one)."""
         return self.key("shards")
 
-    @property
+    @cached_property
     def due(self) -> str:
         """ZSET id -> encoded due time (see :mod:`delay_broker.clock`)."""
         return self.key("due")
 
-    @property
+    @cached_property
     def msg(self) -> str:
         """HASH id -> envelope bytes."""
         return self.key("msg")
 
-    @property
+    @cached_property
     def inflight(self) -> str:
         """ZSET id -> lease deadline (ms) of messages claimed by an at-least-once promoter."""
         return self.key("inflight")
 
-    @property
+    @cached_property
     def leased(self) -> str:
         """HASH id -> due score a claimed message had, so a lost lease gives it back unchanged."""
         return self.key("leased")
 
-    @property
+    @cached_property
     def dead(self) -> str:
         """ZSET id -> time (ms) it was dead-lettered."""
         return self.key("dead")
 
-    @property
+    @cached_property
     def attempts(self) -> str:
         """HASH id -> failed promotion attempts."""
         return self.key("attempts")
 
-    @property
+    @cached_property
     def errors(self) -> str:
         """HASH id -> last promotion error (text)."""
         return self.key("errors")
 
-    @property
+    @cached_property
     def wake(self) -> str:
         """LIST a sleeping promoter blocks on; pushed when a park moves the head earlier."""
         return self.key("wake")
@@ -196,52 +198,52 @@ class Keyspace:
         """LIST only one promoter blocks on, so it can be stopped without waking the others."""
         return self.key(f"wake:{promoter_id}")
 
-    @property
+    @cached_property
     def stats(self) -> str:
         """HASH counter name -> total (parked, promoted, dead_lettered, ...)."""
         return self.key("stats")
 
-    @property
+    @cached_property
     def routes(self) -> str:
         """SET of routes producers parked for (adapters whose queues are not all declared up front)."""
         return self.key("routes")
 
-    @property
+    @cached_property
     def cron(self) -> str:
         """HASH schedule name -> due time (ms) of the latest occurrence parked for that recurring schedule."""
         return self.key("cron")
 
-    @property
+    @cached_property
     def schedules(self) -> str:
         """HASH schedule name -> definition (JSON) of a schedule managed at runtime (:mod:`delay_broker.schedules`)."""
         return self.key("schedules")
 
-    @property
+    @cached_property
     def schedules_rev(self) -> str:
         """STRING revision of :attr:`schedules`, incremented by every change: schedulers re-read on a change."""
         return self.key("schedules_rev")
 
-    @property
+    @cached_property
     def lateness(self) -> str:
         """HASH lateness bucket (upper edge in ms, or 'more') -> messages promoted that late, all time."""
         return self.key("lateness")
 
-    @property
+    @cached_property
     def moved(self) -> str:
         """ZSET far-tier token -> when its message was moved into Redis (see :mod:`delay_broker.far`)."""
         return self.key("moved")
 
-    @property
+    @cached_property
     def packs(self) -> str:
         """ZSET pack name -> earliest due time (ms) of the messages packed in it (see :mod:`delay_broker.packing`)."""
         return self.key("packs")
 
-    @property
+    @cached_property
     def pack_base(self) -> str:
         """HASH pack name -> records taken from the head of the pack so far (positions are counted from its start)."""
         return self.key("pack_base")
 
-    @property
+    @cached_property
     def pack_live(self) -> str:
         """HASH pack name -> messages still packed in it (its records less the taken and the cleared ones)."""
         return self.key("pack_live")
@@ -254,13 +256,13 @@ class Keyspace:
         """HASH 16-byte id -> location (``pack name:position``): one partition of the packed index."""
         return self.key(f"packed:{partition}")
 
-    @property
+    @cached_property
     def packed_shape(self) -> str:
         """STRING ``level:split``, how many partitions the packed index has (see :class:`~.packing.IndexShape`);
         absent means one."""
         return self.key("packed_shape")
 
-    @property
+    @cached_property
     def promoters(self) -> str:
         """ZSET promoter id -> last heartbeat (ms)."""
         return self.key("promoters")

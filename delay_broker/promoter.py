@@ -5,7 +5,7 @@ run at once, as threads or processes, on the same namespace; correctness never d
 
 Beside this module: :mod:`~delay_broker.claim_delivery` (the at-least-once delivery of one claim, under the
 lease :mod:`~delay_broker.renewal` keeps), :mod:`~delay_broker.faults` (what is said of failures, and the
-backoff), :mod:`~delay_broker.far_sweeper` (the far tier's thread) and :mod:`~delay_broker.reports`
+backoff), :mod:`~delay_broker.sweep_thread` (the far tier's thread) and :mod:`~delay_broker.reports`
 (counters and listeners).
 """
 
@@ -22,11 +22,11 @@ from . import tracing
 from .backoff import Backoff
 from .claim_delivery import ClaimDelivery, Deliverer
 from .errors import ConfigurationError, DelayBrokerError, StoreError
-from .far_sweeper import FAR_BATCHES_PER_SWEEP, ORPHAN_CHECK_INTERVAL, FarSweeper
 from .faults import Faults
 from .reports import BasicListener, PromoterCounters, PromoterListener, as_listener
 from .stop_flag import StopFlag
 from .store import MAX_BATCH, DelayStore, new_promoter_id
+from .sweep_thread import FAR_BATCHES_PER_SWEEP, ORPHAN_CHECK_INTERVAL, SweepThread
 from .targets import ListTarget
 
 if TYPE_CHECKING:
@@ -186,7 +186,7 @@ class Promoter:
         logger.info("Promoter %s started on %s (%s).", self.id, self.store.keys.pattern, mode)
         sweeper = None
         if self.store.far_tier is not None:
-            sweeper = FarSweeper(self.store, self.id, self._stopping, self._unexpected).start()
+            sweeper = SweepThread(self.store, self.id, self._stopping, self._unexpected).start()
         try:
             while not self._stopping.is_set():
                 self.step()
@@ -419,10 +419,13 @@ class Promoter:
         """Returns whether the batch was full and how long (s) until something may be due in the shard."""
         if isinstance(self.deliverer, DirectDeliverer):
             started_ns = time.time_ns()
-            result = self.store.promote_direct(self.deliverer.direct_routes(), self.batch, self.id, shard=shard)
+            # Each message's lateness only for whom uses it: reading it costs a score per message in the script.
+            wanted = self.counters.keep_lateness or self._listener is not None
+            routes = self.deliverer.direct_routes()
+            result = self.store.promote_direct(routes, self.batch, self.id, shard=shard, lateness=wanted)
             if result.traced:
                 tracing.record_promotions(result.traced, started_ns, time.time_ns())
-            self._promoted(result.lateness_ms, result.dead_lettered, result.by_task)
+            self._promoted(result.promoted, result.lateness_ms, result.dead_lettered, result.by_task)
             if result.dead_lettered:
                 self._dead_in.add(shard)
                 logger.warning(
@@ -445,14 +448,14 @@ class Promoter:
         ).run()
         if done.dead:
             self._dead_in.add(shard)
-        self._promoted(done.lateness, done.dead, done.by_task)
+        self._promoted(len(done.lateness), done.lateness, done.dead, done.by_task)
         if done.outage is not None:
             raise done.outage
         return len(claim.messages) >= self.batch, _seconds_until(claim.next_wake_ms, claim.now_ms, self.max_idle)
 
-    def _promoted(self, lateness: Sequence[int], dead: int, by_task: Mapping[tuple[str, str], int]) -> None:
-        if lateness:
-            self.counters.record(lateness)
+    def _promoted(self, count: int, lateness: Sequence[int], dead: int, by_task: Mapping[tuple[str, str], int]) -> None:
+        if count:
+            self.counters.record(count, lateness)
             self._notify.promoted(lateness)
             if by_task:
                 self._notify.promoted_by_task(by_task)

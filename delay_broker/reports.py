@@ -21,8 +21,9 @@ class PromoterCounters:
     lateness_ms: list[int] = field(default_factory=list)
     keep_lateness: bool = False
 
-    def record(self, lateness: Sequence[int]) -> None:
-        self.promoted += len(lateness)
+    def record(self, count: int, lateness: Sequence[int]) -> None:
+        """``count`` messages promoted, with how late each was when it is known (``lateness``)."""
+        self.promoted += count
         if self.keep_lateness:
             self.lateness_ms.extend(lateness)
 

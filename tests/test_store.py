@@ -591,6 +591,23 @@ def test_promotion_lateness_is_counted_store_wide_on_both_paths(client, namespac
     assert buckets["10000"] == 6, "five seconds late"
 
 
+@pytest.mark.parametrize("values", [True, False])
+def test_lateness_counted_by_bucket_is_what_each_message_says(client, namespace, values):
+    """Without per-message lateness (no listener wants it) promote_list.lua counts the taken messages by
+    bucket with a ZCOUNT per edge: the same counts, dead letters left out, as reading each message's score."""
+    store = DelayStore(client, namespace=namespace)
+    now = datetime.now(timezone.utc)
+    lates = [0.5, 0.5, 2, 2, 2, 20, 20, 90]  # seconds past due: buckets 1000, 10000, 60000, more
+    for n, late in enumerate(lates):
+        store.park(f"m{n}", Envelope(route="ready", payload=b"x"), due=now - timedelta(seconds=late))
+    store.park("lost", Envelope(route="nowhere", payload=b"x"), due=now - timedelta(seconds=2))
+    result = store.promote_direct({"ready": ListTarget(f"{namespace}:ready")}, 1000, "p", lateness=values)
+    assert (result.promoted, result.dead_lettered) == (8, 1)
+    assert len(result.lateness_ms) == (8 if values else 0)
+    counts = dict(store.promotion_lateness())
+    assert counts == {"10": 0, "100": 0, "1000": 2, "10000": 3, "60000": 2, "more": 1}
+
+
 @pytest.mark.parametrize("shards", [1, 3])
 def test_listings_can_leave_payloads_in_redis(client: redis.Redis, namespace: str, shards: int):
     # What `ls`, `dead ls` and the dashboard show is the header: a page of 1 MB messages must not cost Redis

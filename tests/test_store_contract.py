@@ -79,7 +79,8 @@ MEMBERS = {
     "check_direct": "(self, routes: 'Mapping[str, ListTarget]') -> 'None'",
     "pack_lead_ms": "property",
     "open_packs": "(self, shard: 'int', *, calls: 'int' = 8) -> 'int | None'",
-    "promote_direct": "(self, routes: 'Mapping[str, ListTarget]', batch: 'int', promoter_id: 'str', *, shard: 'int' = 0) -> 'DirectPromotion'",
+    # lateness: a keyword added after the redesign (its default keeps what every caller had).
+    "promote_direct": "(self, routes: 'Mapping[str, ListTarget]', batch: 'int', promoter_id: 'str', *, shard: 'int' = 0, lateness: 'bool' = True) -> 'DirectPromotion'",
     "wait_for_wake": "(self, timeout: 'float', promoter_id: 'str') -> 'frozenset[int] | None'",
     "wake": "(self, promoter_id: 'str') -> 'None'",
     "eviction_policies": "(self) -> 'dict[str, str]'",

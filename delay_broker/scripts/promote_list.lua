@@ -12,15 +12,18 @@
 -- KEYS[FIRST_EXTRA_KEY + 2k], KEYS[FIRST_EXTRA_KEY + 2k + 1]  list key and payload-hash key of route k (k from
 --   0); a route without a hash repeats its list key in the second slot. They must be in the shard's slot.
 -- ARGV[1] batch (<= 1000)   ARGV[2] promoter id
--- ARGV[3..] groups of 2 per route k, in KEYS order: route name, mode
+-- ARGV[3] '1': return each promoted message's lateness (for a promoter's listener); '' counts them by bucket
+--         alone (LATENESS), without reading a score per message
+-- ARGV[4..] groups of 2 per route k, in KEYS order: route name, mode
 --   mode 'lpush': LPUSH the payload (consumers BRPOP, e.g. Celery's Redis transport, a plain ready list)
 --   mode 'rpush': RPUSH the payload (consumers LPOP)
 --   mode 'hash':  HSET hash <field> payload, then RPUSH list <field>, where <field> is the envelope header's
 --                 'h' (Dramatiq's RedisBroker: <ns>:<queue>.msgs and <ns>:<queue>)
 -- Returns {now_ms, next_due_ms (-1: nothing parked), promoted, dead_lettered, groups, then per group: route,
 -- name (the envelope's 'n', '' without one), count; then traced, and per traced message: id, route, traceparent,
--- tracestate ('' without one); then lateness_ms of each message promoted}. The groups feed metrics per queue
--- and task name; the traced messages (an OpenTelemetry context in the header's x.otel) get a promote span.
+-- tracestate ('' without one); then lateness_ms of each message promoted, when asked for}. The groups feed
+-- metrics per queue and task name; the traced messages (an OpenTelemetry context in the header's x.otel) get a
+-- promote span.
 -- An envelope with no route among these goes to the dead letters: a stored message can reach only the
 -- queues the application declared.
 
@@ -30,12 +33,13 @@ if problem then
     return problem
 end
 local batch = tonumber(ARGV[1])
+local want_lateness = ARGV[3] == '1'
 local now = now_ms()
 
 local routes = {}
-for k = 0, (#ARGV - 2) / 2 - 1 do
+for k = 0, (#ARGV - 3) / 2 - 1 do
     local list, hash = KEYS[FIRST_EXTRA_KEY + 2 * k], KEYS[FIRST_EXTRA_KEY + 2 * k + 1]
-    routes[ARGV[3 + 2 * k]] = {list = list, hash = hash, mode = ARGV[4 + 2 * k]}
+    routes[ARGV[4 + 2 * k]] = {list = list, hash = hash, mode = ARGV[5 + 2 * k]}
 end
 
 local promoted, dead = 0, 0
@@ -59,25 +63,30 @@ if ready > 0 then
     if problem then
         return problem
     end
-    local ids, due = pop_due(DUE, ready)
+    -- Reads first, then the first write is a delete (over maxmemory Redis refuses a script's first write only if
+    -- it may grow memory): nothing below fails half-way.
+    local limit = due_limit(now)
+    local ids, scores, counts
+    if want_lateness then
+        local taken = redis.call('ZRANGE', DUE, '-inf', limit, 'BYSCORE', 'LIMIT', 0, ready, 'WITHSCORES')
+        ids, scores = {}, {}
+        for i = 1, #taken, 2 do
+            ids[#ids + 1], scores[#scores + 1] = taken[i], taken[i + 1]
+        end
+    else
+        ids = redis.call('ZRANGE', DUE, '-inf', limit, 'BYSCORE', 'LIMIT', 0, ready)
+        counts = lateness_counts(DUE, now, ready)
+    end
     local envelopes = redis.call('HMGET', MSG, unpack(ids))
-    redis.call('HDEL', MSG, unpack(ids))
-    -- Attempts and errors exist only for messages that failed before: skip the work when there are none.
-    if redis.call('EXISTS', ATTEMPTS) == 1 then
-        redis.call('HDEL', ATTEMPTS, unpack(ids))
-    end
-    if redis.call('EXISTS', ERRORS) == 1 then
-        redis.call('HDEL', ERRORS, unpack(ids))
-    end
 
     -- Pushes are grouped per route, in due order, so each batch costs one push per route.
-    local pushes, order = {}, {}
+    local pushes, order, failed = {}, {}, {}
     local function fail(id, envelope, reason)
-        dead_letter(DEAD, ERRORS, STATS, id, reason, now)
-        if envelope then
-            redis.call('HSET', MSG, id, envelope)
+        failed[#failed + 1] = {id, envelope, reason}
+        if counts then  -- counted late above as if promoted: it is not
+            local bucket = lateness_bucket(now - due_of(redis.call('ZSCORE', DUE, id)))
+            counts[bucket] = counts[bucket] - 1
         end
-        dead = dead + 1
     end
     for n, id in ipairs(ids) do
         local envelope = envelopes[n]
@@ -116,7 +125,9 @@ if ready > 0 then
                     items[#items + 1] = payload
                 end
                 promoted = promoted + 1
-                lateness[promoted] = now - due_of(due[n * 2])
+                if scores then
+                    lateness[promoted] = now - due_of(scores[n])
+                end
                 if not of_route then
                     of_route = {}
                     counted[header.r] = of_route
@@ -135,6 +146,23 @@ if ready > 0 then
             end
         end
     end
+
+    redis.call('ZREM', DUE, unpack(ids))
+    redis.call('HDEL', MSG, unpack(ids))
+    -- Attempts and errors exist only for messages that failed before: skip the work when there are none.
+    if redis.call('EXISTS', ATTEMPTS) == 1 then
+        redis.call('HDEL', ATTEMPTS, unpack(ids))
+    end
+    if redis.call('EXISTS', ERRORS) == 1 then
+        redis.call('HDEL', ERRORS, unpack(ids))
+    end
+    for _, failure in ipairs(failed) do
+        dead_letter(DEAD, ERRORS, STATS, failure[1], failure[3], now)
+        if failure[2] then
+            redis.call('HSET', MSG, failure[1], failure[2])
+        end
+    end
+    dead = #failed
     for _, name in ipairs(order) do
         local group = pushes[name]
         local route = group.route
@@ -149,7 +177,11 @@ if ready > 0 then
     end
     if promoted > 0 then
         redis.call('HINCRBY', STATS, 'promoted', promoted)
-        count_lateness(LATENESS, lateness)
+        if counts then
+            add_lateness(LATENESS, counts)
+        else
+            count_lateness(LATENESS, lateness)
+        end
     end
 end
 

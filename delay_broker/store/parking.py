@@ -127,8 +127,9 @@ class RedisParking:
         for parcel in chunk:
             args.extend((parcel.id, parcel.due.wire, parcel.record))
         ids = [parcel.id for parcel in chunk]
-        targets = self.pack_targets(shard, [(parcel.id, parcel.due) for parcel in chunk])
-        reply = self.runner.by_id(script, shard, ids, args, targets=targets, replicas=replicas)
+        binaries = [binary_id(id) for id in ids]
+        targets = self.pack_targets(shard, [parcel.due for parcel in chunk], binaries)
+        reply = self.runner.by_id(script, shard, ids, args, targets=targets, replicas=replicas, binaries=binaries)
         woke, over, fullest, damaged = reply[-4:]
         self.shards.relay_wake(shard, woke)
         if int(over) >= 0:
@@ -152,16 +153,19 @@ class RedisParking:
             space.pack_live,
         )
 
-    def pack_targets(self, shard: int, messages: Sequence[tuple[str, Due]]) -> list[str]:
-        """Per message, the pack it is appended to when it is due at least ``pack_after`` ahead (by the Redis
-        clock as estimated here: the script decides by its own), else the shard's ``packs`` key (none)."""
+    def pack_targets(self, shard: int, dues: Sequence[Due], binaries: Sequence[bytes]) -> list[str]:
+        """Per message (its due time and 16-byte id), the pack it is appended to when it is due at least
+        ``pack_after`` ahead (by the Redis clock as estimated here: the script decides by its own), else the
+        shard's ``packs`` key (none)."""
         space = self.shards.spaces[shard]
-        if self.pack.after_ms is None:
-            return [space.packs] * len(messages)
+        after = self.pack.after_ms
+        if after is None:
+            return [space.packs] * len(dues)
         now = self.shards.estimated_now_ms()
         targets = []
-        for id, due in messages:
-            name = self.pack.target(binary_id(id), due.at(now), now)
+        for due, binary in zip(dues, binaries, strict=True):
+            at = due.at(now)
+            name = self.pack.target(binary, at, now) if at - now >= after else None  # the cheap test first
             targets.append(space.packs if name is None else space.pack(name))
         return targets
 
@@ -196,7 +200,7 @@ class RedisParking:
                 shard,
                 [id],
                 [id, due.wire, record, limit, expected, self.pack.min_ahead_ms],
-                targets=self.pack_targets(shard, [(id, due)]),
+                targets=self.pack_targets(shard, [due], [binary_id(id)]),
             )
             if int(over) >= 0:
                 self.runner.split_index(shard, int(over))

@@ -119,14 +119,14 @@ class Promotion:
             )
 
     def promote_direct(
-        self, routes: Mapping[str, ListTarget], batch: int, promoter_id: str, shard: int
+        self, routes: Mapping[str, ListTarget], batch: int, promoter_id: str, shard: int, lateness: bool
     ) -> DirectPromotion:
         self.check_direct(routes)
         if not routes:
             return self._idle_look(shard)
         self.replication.require(shard, "promoting")
         extra: list[str] = []
-        args: list[Any] = [check_batch(batch), promoter_id]
+        args: list[Any] = [check_batch(batch), promoter_id, "1" if lateness else ""]
         for name, target in routes.items():
             extra.extend((target.list_key, target.hash_key or target.list_key))
             args.extend((name, target.mode))

@@ -103,6 +103,7 @@ class Runner:
         targets: Sequence[str] | None = None,
         write: bool = True,
         replicas: int | None = None,
+        binaries: Sequence[bytes] | None = None,
     ) -> Any:
         """Script ``name`` on ``ids`` of a shard, told where each is packed (see ``pack_locate`` in the Lua helpers).
 
@@ -110,23 +111,15 @@ class Runner:
         they are, and is called again with that (a pack opened, or an id parked again, in between moves them
         again); one given an index partition that a split moved an id out of says the index's shape, and is
         called again with the partitions of that. ``targets``: per id, the pack a park may append it to (the
-        shard's ``packs`` key for none)."""
+        shard's ``packs`` key for none). ``binaries``: the ids' 16-byte forms, when the caller has them."""
         space = self.shards.space(shard, name)
-        binaries = [binary_id(id) for id in ids]
+        if binaries is None:
+            binaries = [binary_id(id) for id in ids]
         binaries_arg = b"".join(binaries)
         where: list[Location | None] = [None] * len(ids)
         for _ in range(PACK_CALLS):
             shape = self.shape(shard)
-            extra: dict[str, int] = {}  # each key once, by its place after the shard's (see id_keys in Lua)
-            places: list[int] = []
-            for n, binary in enumerate(binaries):
-                location = where[n]
-                partition = space.packed(shape.partition(binary)) if binary != NOT_PACKABLE else space.packs
-                places.append(extra.setdefault(partition, len(extra)))
-                pack = space.packs if location is None else space.pack(location.pack)
-                places.append(extra.setdefault(pack, len(extra)))
-                if targets is not None:
-                    places.append(extra.setdefault(targets[n], len(extra)))
+            extra, places = self._id_keys(space, shape, binaries, where, targets)
             locations = " ".join(NOWHERE if location is None else str(location) for location in where)
             key_map = struct.pack(f"<{len(places)}H", *places)
             arguments = [*args, str(shape), binaries_arg, locations, key_map]
@@ -141,6 +134,35 @@ class Runner:
             f"{name}: the messages kept moving between packs and the ordinary layout over {PACK_CALLS} calls; "
             "doing it again is safe"
         )
+
+    def _id_keys(
+        self,
+        space: Keyspace,
+        shape: IndexShape,
+        binaries: Sequence[bytes],
+        where: Sequence[Location | None],
+        targets: Sequence[str] | None,
+    ) -> tuple[dict[str, int], list[int]]:
+        """The keys of a by-id call after the shard's, each once (by its place), and each id's places among them:
+        its index partition, the pack it is said to be in, and its target pack (see ``id_keys`` in Lua)."""
+        packs = space.packs
+        extra: dict[str, int] = {packs: 0}
+        partitions: dict[int, int] = {}  # partition number -> place: one key string per partition, not per id
+        places: list[int] = []
+        for n, binary in enumerate(binaries):
+            if binary == NOT_PACKABLE:
+                places.append(0)
+            else:
+                number = shape.partition(binary)
+                place = partitions.get(number)
+                if place is None:
+                    place = partitions[number] = extra.setdefault(space.packed(number), len(extra))
+                places.append(place)
+            location = where[n]
+            places.append(0 if location is None else extra.setdefault(space.pack(location.pack), len(extra)))
+            if targets is not None:
+                places.append(extra.setdefault(targets[n], len(extra)))
+        return extra, places
 
     def split_index(self, shard: int, partition: int, size: int = SPLIT_AT + 1) -> None:
         """Split partitions of the shard's packed index, the next ones in line, up to ``partition``, which a park

@@ -69,21 +69,46 @@ end
 -- delay_broker.store.LATENESS_EDGES_MS.
 local LATENESS_EDGES = {10, 100, 1000, 10000, 60000}
 
+-- Adds lateness `counts` (by bucket position, the last for 'more') to LATENESS: named once per bucket, not per
+-- message (a name per message made a string per message).
+local function add_lateness(lateness_key, counts)
+    for bucket, count in pairs(counts) do
+        if count > 0 then
+            local name = bucket > #LATENESS_EDGES and 'more' or tostring(LATENESS_EDGES[bucket])
+            redis.call('HINCRBY', lateness_key, name, count)
+        end
+    end
+end
+
+-- The bucket position of a lateness value (ms).
+local function lateness_bucket(value)
+    for position, edge in ipairs(LATENESS_EDGES) do
+        if value < edge then
+            return position
+        end
+    end
+    return #LATENESS_EDGES + 1
+end
+
 local function count_lateness(lateness_key, values)
-    -- Counted per bucket position, named once at the end: a name per message made a string per message.
-    local edges, buckets = LATENESS_EDGES, #LATENESS_EDGES
     local counts = {}
     for _, value in ipairs(values) do
-        local bucket = buckets + 1
-        for position = 1, buckets do
-            if value < edges[position] then
-                bucket = position
-                break
-            end
-        end
+        local bucket = lateness_bucket(value)
         counts[bucket] = (counts[bucket] or 0) + 1
     end
-    for bucket, count in pairs(counts) do
-        redis.call('HINCRBY', lateness_key, bucket > buckets and 'more' or tostring(edges[bucket]), count)
+    add_lateness(lateness_key, counts)
+end
+
+-- How many of the `ready` earliest messages of a due ZSET (those a promotion takes) are how late at `now`, by
+-- bucket position: one ZCOUNT per edge instead of a look at each message's score (taken messages at least
+-- `edge` late are those due by now - edge, the earliest of them).
+local function lateness_counts(due_key, now, ready)
+    local counts, previous = {}, ready
+    for position, edge in ipairs(LATENESS_EDGES) do
+        local late = math.min(ready, redis.call('ZCOUNT', due_key, '-inf', due_limit(now - edge)))
+        counts[position] = previous - late
+        previous = late
     end
+    counts[#LATENESS_EDGES + 1] = previous
+    return counts
 end

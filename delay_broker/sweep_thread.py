@@ -24,7 +24,7 @@ ORPHAN_CHECK_INTERVAL = 300.0
 """Seconds between two looks for moved-in tokens whose rows are gone (left by a mover that died)."""
 
 
-class FarSweeper:
+class SweepThread:
     """Sweeps the store's far tier every ``sweep_interval`` until ``stopping`` is set.
 
     Parameters:
@@ -48,7 +48,7 @@ class FarSweeper:
         self._down = False
         self._thread = threading.Thread(target=self._run, name=f"delay-broker-sweeper-{promoter_id}", daemon=True)
 
-    def start(self) -> FarSweeper:
+    def start(self) -> SweepThread:
         self._thread.start()
         return self
 
