@@ -224,8 +224,11 @@ def test_ls_lists_parked_messages_by_due_time_with_framework_queue_name_attempts
     ids = [line.split()[0] for line in lines]
     assert ids == ["dq-overdue", "dq-soon", "raw-binary", "cl-hour", "cl-later"]
     header = next(line for line in result.output.splitlines() if line.startswith("id "))
-    for column in ("id", "due", "framework", "queue", "name", "attempts"):
+    for column in ("id", "due", "framework", "queue", "name"):
         assert column in header
+    assert "attempts" not in header  # none of them failed a delivery: the column would be all zeros
+    dead_header = next(line for line in run("ls", "dead").output.splitlines() if line.startswith("id "))
+    assert "attempts" in dead_header and "error" in dead_header
     cl_later = next(line for line in lines if "cl-later" in line)
     assert "celery" in cl_later and "reports" in cl_later and "tasks.add" in cl_later and "in 3d" in cl_later
     assert "ago" in next(line for line in lines if "dq-overdue" in line)

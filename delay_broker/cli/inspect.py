@@ -214,9 +214,11 @@ def list_page(
 
 def message_table(session: Session, state: ListState, infos: Sequence[MessageInfo], now: int) -> Table:
     """A page of messages as a table whose ids never wrap, so that one can be copied into show, cancel or
-    reschedule: no rules between the columns, and the framework only when the page holds both (else the title
-    names it), leave a whole UUID room beside its due time in a 100-column terminal. The other columns wrap."""
+    reschedule: no rules between the columns, the framework only when the page holds both (else the title names
+    it) and failed attempts only when some message on the page has any, leave a whole UUID room beside its due
+    time in a 100-column terminal. The other columns wrap."""
     frameworks = {info.envelope.framework if info.envelope else "(corrupt)" for info in infos}
+    attempts = state != "due" or any(info.attempts for info in infos)
     title = f"{STATE_WORDS[state]} messages, namespace {printable(session.namespace)!r}"
     if len(frameworks) == 1:
         title += f", all {printable(next(iter(frameworks)))}"
@@ -225,10 +227,11 @@ def message_table(session: Session, state: ListState, infos: Sequence[MessageInf
     table.add_column(TIME_COLUMN[state], no_wrap=True)
     table.add_column("", no_wrap=True)
     if len(frameworks) > 1:
-        table.add_column("framework")
+        table.add_column("framework", no_wrap=True)
     table.add_column("queue", overflow="fold")
     table.add_column("name", overflow="fold")
-    table.add_column("attempts", justify="right")
+    if attempts:
+        table.add_column("attempts", justify="right")
     if state == "dead":
         table.add_column("error", overflow="fold")
     for info in infos:
@@ -238,7 +241,8 @@ def message_table(session: Session, state: ListState, infos: Sequence[MessageInf
         if len(frameworks) > 1:
             row.append(cell(envelope.framework if envelope else "(corrupt)"))
         row += [cell(envelope.route if envelope else None), cell(envelope.name if envelope else None)]
-        row.append(cell(info.attempts))
+        if attempts:
+            row.append(cell(info.attempts))
         if state == "dead":
             row.append(cell(info.error))
         table.add_row(*row)
@@ -264,8 +268,9 @@ def ls(
     """List messages of one STATE, oldest first: due (parked, the default; ordered by due time), inflight
     (claimed by a promoter; by lease deadline) or dead (dead-lettered; by when they died).
 
-    Columns: id, due time, framework, queue (the route it will be delivered to), name (actor or task), and
-    failed delivery attempts. --from/--to filter on the time the list is ordered by.
+    Columns: id, due time, framework (when the page holds both), queue (the route it will be delivered to),
+    name (actor or task), and failed delivery attempts (when any message shown has some). --from/--to filter on
+    the time the list is ordered by.
 
     \b
     Examples:
