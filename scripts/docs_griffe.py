@@ -18,9 +18,15 @@ _BLOCK_INTRO = re.compile(r"(?<=\S)::$|^::$", re.MULTILINE)
 
 def markdown(text: str) -> str:
     """``text`` with reST roles and inline literals as code spans, and ``::`` block intros as ``:``."""
-    text = _ROLE.sub(lambda match: f"`{match.group(1).rsplit('.', 1)[-1] if '~' in match.group(0) else match.group(1)}`", text)
+    text = _ROLE.sub(_role, text)
     text = _LITERAL.sub(r"`\1`", text)
     return _BLOCK_INTRO.sub(":", text)
+
+
+def _role(match: re.Match[str]) -> str:
+    """``:class:`~a.b.C``` shows ``C``, as Sphinx does; ``:class:`a.b.C``` the whole path."""
+    target = match.group(1)
+    return f"`{target.rsplit('.', 1)[-1] if '~' in match.group(0) else target}`"
 
 
 class RestToMarkdown(griffe.Extension):

@@ -1,9 +1,12 @@
 """What a person at a terminal gets from ``delay-broker``: ids whole at 100 and 120 columns (to copy them into
 show or cancel), paging by cursor, usage errors for bad options, the URL and the task named when Redis cannot
-be reached, and a hint when a namespace holds nothing (the wrong one, most likely)."""
+be reached, a hint when a namespace holds nothing (the wrong one, most likely), and no minute-long wait for a
+payload nested thousands deep."""
 
 from __future__ import annotations
 
+import base64
+import json
 import socket
 import uuid
 from typing import Any
@@ -14,6 +17,7 @@ from rich.console import Console
 
 from delay_broker import DelayStore
 from delay_broker.cli import cli, common
+from delay_broker.decoding import MAX_JSON_DEPTH, decode_payload
 from delay_broker.embedded import EmbeddedRedis
 
 from .helpers import celery_envelope, dramatiq_envelope
@@ -131,3 +135,15 @@ def test_a_namespace_that_holds_nothing_says_what_to_check(run, store: DelayStor
     store.cancel("one")  # nothing left, but it was used: its counters say so, and zeros are true
     for args in (["stats"], ["ls"]):
         assert "holds nothing" not in run(*args).output
+
+
+@pytest.mark.parametrize(
+    ("depth", "shown_as"), [(MAX_JSON_DEPTH, "json"), (MAX_JSON_DEPTH + 1, "text"), (5000, "text")]
+)
+def test_json_nested_deeper_than_any_message_is_shown_as_text_on_every_python(depth, shown_as):
+    """Python 3.12+ decodes JSON nested 5,000 deep, which 3.11 refused; indented, it made `show` print for a
+    minute (each level indents all below it). Past MAX_JSON_DEPTH it is the text it is, whatever the Python."""
+    deep = b"[" * depth + b'"x"' + b"]" * depth
+    assert decode_payload("dramatiq", deep)["format"] == shown_as
+    celery = json.dumps({"body": base64.b64encode(deep).decode(), "properties": {"body_encoding": "base64"}})
+    assert decode_payload("celery", celery.encode())["body"]["format"] == shown_as
