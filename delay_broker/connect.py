@@ -246,3 +246,4 @@ def redacted(url: str) -> str:
 
 
 _PASSWORD_QUERY = re.compile(r"([?&](?:sentinel_)?password=)[^&#]*")
+_redacted = redacted  # its earlier, private name (delay_broker.cli.web imports it)
