@@ -1,4 +1,4 @@
-"""A screenshot of the dashboard's overview, for the README: ``scripts/screenshot`` (writes docs/dashboard.png).
+"""A screenshot of the dashboard's overview, for the docs: ``scripts/screenshot`` (writes docs/dashboard.png).
 
 Starts a private redis-server, parks messages the way real Dramatiq and Celery producers do (a StubBroker with
 the DelayMiddleware, a Celery app with the delay_broker transport), dead-letters a few, serves the dashboard and

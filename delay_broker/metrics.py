@@ -32,6 +32,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
+from .connect import describe as describe_client
 from .errors import ConfigurationError
 from .reports import BasicListener, PromoterListener, as_listener
 from .store import DelayStore, StoreStats
@@ -283,7 +284,12 @@ class StoreCollector:
                 results[namespace] = None
                 if namespace not in self._down:
                     self._down.add(namespace)
-                    logger.warning("Metrics: cannot read stats of namespace %r: %s", namespace, error)
+                    logger.warning(
+                        "Metrics: cannot read namespace %r at %s (delay_broker_store_up is 0 until it answers): %s",
+                        namespace,
+                        describe_client(store.client),
+                        error,
+                    )
                 continue
             if namespace in self._down:
                 self._down.discard(namespace)

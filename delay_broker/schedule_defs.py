@@ -26,6 +26,10 @@ MAX_NESTING = 100
 """Deepest nesting of lists and objects in a call's arguments and options. ``json.loads`` recurses, and how deep
 it can go depends on the stack of the thread reading (a promoter's is deeper): a limit well below Python's keeps
 every stored call readable everywhere."""
+READABLE_NESTING = 1000
+"""Deepest nesting of a stored definition any reader takes (an earlier release stored calls deeper than
+:data:`MAX_NESTING`). Python 3.10 and 3.11's ``json.loads`` stop near their recursion limit of 1000, 3.12's
+goes much deeper: without this, promoters on different Pythons would disagree on what a schedule is."""
 
 
 class CorruptSchedule(DelayBrokerError, ValueError):
@@ -151,6 +155,7 @@ class ScheduleDefinition:
         """Read a stored definition; raises :class:`CorruptSchedule` naming what is wrong."""
         try:
             document = json.loads(raw)
+            _check_nesting("its values", document, READABLE_NESTING)
             if not isinstance(document, dict) or document.get("format") != FORMAT:
                 raise ValueError(f"not a format {FORMAT} schedule definition")
             timing = document.get("timing")
@@ -187,9 +192,9 @@ class ScheduleDefinition:
             raise CorruptSchedule(f"stored schedule {name!r} cannot be read: {problem[:200]} ({hint})") from None
 
 
-def _check_nesting(label: str, value: object) -> None:
-    """Refuse ``value`` nested deeper than :data:`MAX_NESTING` (walked without recursion, so that a value too
-    deep for Python is refused too rather than failing here)."""
+def _check_nesting(label: str, value: object, limit: int = MAX_NESTING) -> None:
+    """Refuse ``value`` nested deeper than ``limit`` (walked without recursion, so that a value too deep for
+    Python is refused too rather than failing here)."""
     pending: list[tuple[object, int]] = [(value, 0)]
     while pending:
         item, depth = pending.pop()
@@ -199,8 +204,8 @@ def _check_nesting(label: str, value: object) -> None:
             children = item
         else:
             continue
-        if depth >= MAX_NESTING:
-            raise ConfigurationError(f"{label} are nested more than {MAX_NESTING} levels deep")
+        if depth >= limit:
+            raise ConfigurationError(f"{label} are nested more than {limit} levels deep")
         pending.extend((child, depth + 1) for child in children)
 
 

@@ -1,4 +1,4 @@
-"""Debian's Chromium, headless, through Playwright: for the dashboard's tests and the README's screenshot."""
+"""Debian's Chromium, headless, through Playwright: for the dashboard's tests and the docs' screenshot."""
 
 from __future__ import annotations
 

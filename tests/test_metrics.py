@@ -21,7 +21,7 @@ from delay_broker.metrics import PromoterMetrics, StoreCollector, start_metrics_
 
 from .helpers import wait_for
 
-DOCS = Path(__file__).resolve().parents[1] / "README.md"
+DOCS = Path(__file__).resolve().parents[1] / "docs" / "metrics.md"
 
 Samples = dict[tuple[str, frozenset[tuple[str, str]]], float]
 

@@ -36,21 +36,25 @@ def main() -> None:
 
 
 def import_object(path: str) -> Any:
-    """Import ``package.module:attribute`` (or ``package.module.attribute``)."""
+    """Import ``package.module:attribute`` (or ``package.module.attribute``).
+
+    Raises ValueError, saying why, when ``path`` is malformed, its module cannot be imported or it has no such
+    attribute: the command line named something that is not there (a usage error).
+    """
     import importlib
 
     module_name, _, attribute = path.partition(":") if ":" in path else path.rpartition(".")
     if not module_name or not attribute:
-        raise SystemExit(f"delay-broker: expected MODULE:NAME, got {path!r}")
+        raise ValueError(f"expected MODULE:NAME (e.g. myapp.tasks:broker), got {path!r}")
     sys.path.insert(0, ".")
     try:
         module = importlib.import_module(module_name)
     except ImportError as error:
-        raise SystemExit(f"delay-broker: cannot import {module_name!r}: {error}") from None
+        raise ValueError(f"cannot import {module_name!r}: {error}") from None
     try:
         return getattr(module, attribute)
     except AttributeError:
-        raise SystemExit(f"delay-broker: {module_name!r} has no attribute {attribute!r}") from None
+        raise ValueError(f"{module_name!r} has no attribute {attribute!r}") from None
 
 
 def configure_logging(level: str | int = "INFO") -> None:

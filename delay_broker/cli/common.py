@@ -7,6 +7,7 @@ import dataclasses
 import functools
 import json
 import math
+import re
 import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -17,7 +18,8 @@ import redis
 from rich.console import Console
 from rich.text import Text
 
-from ..errors import DelayBrokerError
+from ..connect import redacted
+from ..errors import DelayBrokerError, FarTierUnavailable, StoreUnavailable
 from ..keys import DEFAULT_NAMESPACE, DEFAULT_PREFIX
 from ..operations import BulkResult, MessageFilter, Operations
 from ..store import DelayStore, MessageInfo
@@ -203,6 +205,8 @@ def reports_errors(func: F) -> F:
         check_text(click.get_current_context(silent=True))
         try:
             return func(*args, **kwargs)
+        except (StoreUnavailable, redis.ConnectionError, redis.TimeoutError) as error:
+            raise click.ClickException(unreachable(error, click.get_current_context(silent=True))) from None
         except (DelayBrokerError, redis.RedisError) as error:
             raise click.ClickException(str(error) or type(error).__name__) from None
         except UnicodeEncodeError as error:
@@ -210,6 +214,48 @@ def reports_errors(func: F) -> F:
             raise click.ClickException(f"text that is not valid UTF-8 cannot be stored or looked up: {error}") from None
 
     return cast(F, wrapper)
+
+
+# What each command was doing, in the user's words, for the message of a Redis (or PostgreSQL) it cannot reach.
+DOING = {
+    "stats": "reading the store's counts",
+    "ls": "listing messages",
+    "show": "reading the message",
+    "cancel": "cancelling",
+    "reschedule": "rescheduling",
+    "dead ls": "listing dead-lettered messages",
+    "dead show": "reading the dead-lettered message",
+    "dead requeue": "requeueing dead-lettered messages",
+    "dead purge": "purging dead-lettered messages",
+    "cron ls": "listing recurring schedules",
+    "web": "starting the dashboard",
+    "promote": "promoting",
+    "metrics": "reading the store for metrics",
+}
+_UNAVAILABLE = re.compile(r"^(?:Redis (?:Cluster )?unavailable during [^:]*: |far tier: )")
+
+
+def unreachable(error: BaseException, ctx: click.Context | None) -> str:
+    """One line for a Redis (or far tier) that did not answer: which URL (password masked), while doing what,
+    why, and which option to check. The store's own message says what it was doing in its terms (reading the
+    shard layout ...), which means nothing to the person at the terminal."""
+    command = " ".join((ctx.command_path if ctx else "").split()[1:])
+    doing = DOING.get(command) or (
+        "changing recurring schedules" if command.startswith("cron") else "reading the store"
+    )
+    detail = _UNAVAILABLE.sub("", str(error)) or type(error).__name__
+    params = ctx.params if ctx else {}
+    detail = detail.strip().rstrip(".")
+    if isinstance(error, FarTierUnavailable):
+        url = (ctx.meta.get("delay_broker.far_tier") if ctx else None) or ""
+        where = f"the far tier's PostgreSQL at {redacted(url)}" if url else "the far tier's PostgreSQL"
+        return f"cannot reach {where} while {doing}: {detail}. Check --far-tier (or DELAY_BROKER_FAR_TIER)."
+    url = params.get("redis_url")
+    if url:
+        check = "Check --redis-url (or DELAY_BROKER_REDIS_URL)."
+        return f"cannot reach Redis at {redacted(url)} while {doing}: {detail}. {check}"
+    # promote: the application's own settings name the store.
+    return f"cannot reach the store's Redis while {doing}: {detail}. Check your application's delay_broker settings."
 
 
 def check_text(ctx: click.Context | None) -> None:

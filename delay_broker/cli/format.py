@@ -10,6 +10,7 @@ from __future__ import annotations
 import base64
 import math
 import re
+import sys
 from datetime import datetime, timezone
 from typing import Any
 
@@ -19,6 +20,11 @@ from ..decoding import decode_payload
 from ..envelope import Envelope
 from ..operations import MessageFilter
 from ..store import DelayStore, MessageInfo, StoreStats
+
+if sys.version_info >= (3, 11):
+    _from_iso = datetime.fromisoformat
+else:  # 3.10's fromisoformat reads only what isoformat() writes (no 20300101); dateutil reads ISO 8601 as 3.11 does
+    from dateutil.parser import isoparse as _from_iso
 
 _UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "w": 604800.0}
 _DURATION_PART = re.compile(r"(\d+(?:\.\d+)?)\s*(ms|s|m|h|d|w)?", re.IGNORECASE)
@@ -59,7 +65,7 @@ def parse_iso(text: str) -> datetime:
     if cleaned.endswith(("Z", "z")):
         cleaned = cleaned[:-1] + "+00:00"
     try:
-        parsed = datetime.fromisoformat(cleaned)
+        parsed: datetime = _from_iso(cleaned)
     except ValueError:
         raise ValueError(f"cannot read time {text!r}: use ISO 8601 like 2030-01-31T12:00:00Z") from None
     if parsed.tzinfo is None or parsed.tzinfo.utcoffset(parsed) is None:

@@ -15,7 +15,7 @@ from rich.text import Text
 from ..connect import describe as describe_client
 from ..decoding import escape_bytes
 from ..operations import Operations
-from ..store import MessageInfo
+from ..store import MessageInfo, StoreStats
 from .common import (
     MAX_PAGE,
     STATE_WORDS,
@@ -105,6 +105,22 @@ def stats(redis_url: str | None, namespace: str, as_json: bool) -> None:
     if not snapshot.counters:
         counters.add_row("(none yet)", "")
     session.console.print(Group(summary, Text(""), histogram, Text(""), counters))
+    if unused(snapshot):
+        session.console.print(Text(empty_namespace_hint(session)))
+
+
+def unused(snapshot: StoreStats) -> bool:
+    """Whether nothing was ever parked in the namespace and nothing holds it now: no message, no counter, no
+    promoter's heartbeat. Zeros then mean the wrong namespace or Redis far more often than an idle one."""
+    return not (snapshot.parked or snapshot.inflight or snapshot.dead or snapshot.counters or snapshot.live_promoters)
+
+
+def empty_namespace_hint(session: Session) -> str:
+    return (
+        f"Namespace {printable(session.namespace)!r} holds nothing: no message was ever parked in it here, and no "
+        "promoter serves it. If your application parks messages, check --namespace (Dramatiq's default is "
+        "'default', Celery's 'celery') and that --redis-url names the same Redis and database (/0, /1 ...)."
+    )
 
 
 # -- ls / show ---------------------------------------------------------------------------------------------------
@@ -115,9 +131,16 @@ def page_options(func: F) -> F:
         "--limit", type=click.IntRange(1, MAX_PAGE), default=50, show_default=True, help="Messages per page."
     )(func)
     func = click.option(
-        "--offset", type=click.IntRange(min=0), default=0, show_default=True, help="Skip this many (next page)."
+        "--offset",
+        type=click.IntRange(min=0),
+        default=0,
+        show_default=True,
+        help="Skip this many from the head. Messages promoted meanwhile shift it, so pages by offset skip some: "
+        "page with --cursor.",
     )(func)
-    func = click.option("--cursor", metavar="CURSOR", help="Next page of a listing (printed with each page).")(func)
+    func = click.option("--cursor", metavar="CURSOR", help="The next page: the cursor printed under the page before.")(
+        func
+    )
     return func
 
 
@@ -167,51 +190,63 @@ def list_page(
             record.update(filter=describe_filter(filter))
         emit_json(record)
         return
-    time_column = TIME_COLUMN[state]
-    table = Table(
-        title=Text(f"{STATE_WORDS[state]} messages, namespace {printable(session.namespace)!r}"), title_justify="left"
-    )
-    table.add_column("id", overflow="fold")
-    table.add_column(time_column, no_wrap=True)
-    table.add_column("", no_wrap=True)
-    table.add_column("framework")
-    table.add_column("queue", overflow="fold")
-    table.add_column("name", overflow="fold")
-    table.add_column("attempts", justify="right")
-    if state == "dead":
-        table.add_column("error", overflow="fold")
-    for info in infos:
-        envelope = info.envelope
-        when = info.due_ms if state == "due" else info.at_ms
-        row = [
-            cell(info.id),
-            cell(format_time(when)),
-            cell(format_relative(when, now)),
-            cell(envelope.framework if envelope else "(corrupt)"),
-            cell(envelope.route if envelope else None),
-            cell(envelope.name if envelope else None),
-            cell(info.attempts),
-        ]
-        if state == "dead":
-            row.append(cell(info.error))
-        table.add_row(*row)
+    table = message_table(session, state, infos, now)
     console = session.console
     if not infos:
         ending = " match." if filtered else " in that range." if filters.windowed else "."
         console.print(f"No {STATE_WORDS[state]} messages{ending}")
         if offset:
             console.print(f"(offset {offset}: past the last page?)")
+        elif not cursor and unused(session.store.stats()):
+            console.print(Text(empty_namespace_hint(session)))
         return
     console.print(table)
     shown = f"Showing {len(infos)} matching {describe_filter(filter)}" if filtered else f"Showing {len(infos)}"
     if not by_cursor:
         shown = f"Showing {offset + 1}-{offset + len(infos)}"
-        if more:
-            shown += f"; next page: --offset {offset + len(infos)}"
-    elif more:
-        shown += f"; next page: --cursor {next_cursor}"
     # Text, not markup: the filter's values are the user's, and may hold rich's brackets.
     console.print(Text(shown + ". Details of one: delay-broker " + ("dead show ID" if state == "dead" else "show ID")))
+    if more:
+        # Last, on a line of its own that the terminal may wrap but rich does not break: the cursor is copied whole.
+        following = f"--offset {offset + len(infos)}" if not by_cursor else f"--cursor {next_cursor}"
+        console.print(Text(f"Next page: {following}"), soft_wrap=True)
+
+
+def message_table(session: Session, state: ListState, infos: Sequence[MessageInfo], now: int) -> Table:
+    """A page of messages as a table whose ids never wrap, so that one can be copied into show, cancel or
+    reschedule: no rules between the columns, the framework only when the page holds both (else the title names
+    it) and failed attempts only when some message on the page has any, leave a whole UUID room beside its due
+    time in a 100-column terminal. The other columns wrap."""
+    frameworks = {info.envelope.framework if info.envelope else "(corrupt)" for info in infos}
+    attempts = state != "due" or any(info.attempts for info in infos)
+    title = f"{STATE_WORDS[state]} messages, namespace {printable(session.namespace)!r}"
+    if len(frameworks) == 1:
+        title += f", all {printable(next(iter(frameworks)))}"
+    table = Table(title=Text(title), title_justify="left", box=None, pad_edge=False)
+    table.add_column("id", no_wrap=True, min_width=max((len(info.id) for info in infos), default=2))
+    table.add_column(TIME_COLUMN[state], no_wrap=True)
+    table.add_column("", no_wrap=True)
+    if len(frameworks) > 1:
+        table.add_column("framework", no_wrap=True)
+    table.add_column("queue", overflow="fold")
+    table.add_column("name", overflow="fold")
+    if attempts:
+        table.add_column("attempts", justify="right")
+    if state == "dead":
+        table.add_column("error", overflow="fold")
+    for info in infos:
+        envelope = info.envelope
+        when = info.due_ms if state == "due" else info.at_ms
+        row = [cell(info.id), cell(format_time(when)), cell(format_relative(when, now))]
+        if len(frameworks) > 1:
+            row.append(cell(envelope.framework if envelope else "(corrupt)"))
+        row += [cell(envelope.route if envelope else None), cell(envelope.name if envelope else None)]
+        if attempts:
+            row.append(cell(info.attempts))
+        if state == "dead":
+            row.append(cell(info.error))
+        table.add_row(*row)
+    return table
 
 
 @click.command("ls", short_help="List parked (or inflight / dead) messages, oldest first, by due range.")
@@ -233,22 +268,24 @@ def ls(
     """List messages of one STATE, oldest first: due (parked, the default; ordered by due time), inflight
     (claimed by a promoter; by lease deadline) or dead (dead-lettered; by when they died).
 
-    Columns: id, due time, framework, queue (the route it will be delivered to), name (actor or task), and
-    failed delivery attempts. --from/--to filter on the time the list is ordered by.
+    Columns: id, due time, framework (when the page holds both), queue (the route it will be delivered to),
+    name (actor or task), and failed delivery attempts (when any message shown has some). --from/--to filter on
+    the time the list is ordered by.
 
     \b
     Examples:
       delay-broker ls                            the next 50 messages to become due
       delay-broker ls --to 1h                    everything due within the hour (and overdue ones)
       delay-broker ls --from 2030-01-01 --to 2030-01-02T06:00Z --limit 200
-      delay-broker ls --offset 50                the next page
+      delay-broker ls --cursor CURSOR            the next page (each page ends with its cursor)
       delay-broker ls inflight --json
       delay-broker ls --queue emails --task send_welcome --to 1d
       delay-broker ls --text acme-corp            a search in the decoded messages (arguments)
       delay-broker ls dead --queue payments
 
-    --queue, --task, --id-prefix and --text scan the store in bounded steps: each page says where the next one
-    starts (--cursor), so a page costs the same at the start of a million messages as anywhere else.
+    Pages go on with --cursor, which holds where the page before stopped: messages promoted meanwhile do not
+    shift it (as they shift --offset), and --queue, --task, --id-prefix and --text scan the store in bounded
+    steps, so a page costs the same at the start of a million messages as anywhere else.
     """
     session = open_session(redis_url, namespace, as_json)
     list_page(session, state, filters, offset, limit, cursor)

@@ -17,14 +17,12 @@ from .common import LOG_LEVELS, far_tier_options, open_session, prefix_option, r
 
 def build_app_promoter(dramatiq_broker: str | None, celery_app: str | None, overrides: dict[str, Any]) -> Any:
     """The application's promoter, built by its adapter from ``MODULE:NAME``."""
-    from . import import_object
-
     if dramatiq_broker is not None:
         import dramatiq
 
         from .. import dramatiq as adapter
 
-        broker = import_object(dramatiq_broker)
+        broker = app_object("--dramatiq", dramatiq_broker)
         if not isinstance(broker, dramatiq.Broker):
             raise click.UsageError(f"--dramatiq {dramatiq_broker} is a {type(broker).__name__}, not a Dramatiq broker")
         return adapter.build_promoter(broker, **overrides)
@@ -32,10 +30,20 @@ def build_app_promoter(dramatiq_broker: str | None, celery_app: str | None, over
 
     from .. import celery as celery_adapter
 
-    app = import_object(celery_app or "")
+    app = app_object("--celery", celery_app or "")
     if not isinstance(app, celery.Celery):
         raise click.UsageError(f"--celery {celery_app} is a {type(app).__name__}, not a Celery app")
     return celery_adapter.build_promoter(app, **overrides)
+
+
+def app_object(option: str, path: str) -> Any:
+    """What ``option`` names (``MODULE:NAME``); a usage error (exit status 2) when it is not there."""
+    from . import import_object
+
+    try:
+        return import_object(path)
+    except ValueError as error:
+        raise click.BadParameter(str(error), param_hint=f"'{option}'") from None
 
 
 @click.command(short_help="Run a standalone promoter for a Dramatiq broker or a Celery app.")

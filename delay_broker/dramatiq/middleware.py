@@ -69,7 +69,9 @@ class DelayMiddleware(dramatiq.Middleware):
         broker is a RedisBroker and the store uses its client. Pass True if ``redis_url`` names the same
         Redis server (and database) as the broker.
       promote_in_workers: run a promoter thread in every worker process.
-      batch, lease, max_idle: promoter settings (see :class:`~delay_broker.promoter.Promoter`).
+      batch: messages a promoter claims or moves at once (see :class:`~delay_broker.promoter.Promoter`).
+      lease: seconds an at-least-once promoter holds the messages it claimed before another may take them.
+      max_idle: longest sleep in seconds between two looks at the store when nothing is due sooner.
       store_options: more :class:`~delay_broker.store.DelayStore` arguments (``max_attempts``,
         ``retry_backoff``, ``max_payload_bytes``, ``prefix``, ``max_delay``, ``dead_max_count``,
         ``dead_max_age``, ...).
