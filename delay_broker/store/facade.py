@@ -484,8 +484,7 @@ class DelayStore:
         self, routes: Mapping[str, ListTarget], batch: int, promoter_id: str, *, shard: int = 0, lateness: bool = True
     ) -> DirectPromotion:
         """Move due messages of one shard straight into Redis lists of its server, exactly once
-        (``promote_list.lua``). ``lateness=False``: each message's lateness is not returned (only counted by
-        bucket in the store, see :meth:`promotion_lateness`), which saves reading a score per message.
+        (``promote_list.lua``); ``lateness=False`` saves reading each one's score (only counted by bucket).
 
         Messages whose route is not in ``routes`` are dead-lettered: a stored message can only reach the
         queues the application declared. With no route declared yet, nothing is promoted.
