@@ -49,6 +49,10 @@ class Fix:
     after: bool = False
     """Whether it holds only once fixes of earlier phases are done (a stale copy of a record indexed by the same
     repair, a record of a pack whose base the same repair sets): a read-only check does not ask about it."""
+    needs: str = ""
+    """The pack (key) whose count and base it relies on: it makes a record there its id's, which the pack's count
+    must cover (a count below the messages the index shows lets a cancel drop the pack with messages in it).
+    Left alone when a fix of that count or base was refused in the same round."""
 
 
 @dataclass(frozen=True)
@@ -241,7 +245,7 @@ class Planner:
         cost = keeper.length + self.average(current)
         after = keeper.pack in self.rebased or _name_of(current) in self.rebased
         keys = (own, own, self.pack_key(current), pack.key)
-        fix = Fix("repair_entry", "point", keys, (id, current, target), cost, after)
+        fix = Fix("repair_entry", "point", keys, (id, current, target), cost, after, pack.key)
         at = f"record {keeper.position} of pack {keeper.pack}"
         if current:
             problem = f"the entry of {label(id)} points at {where(current)}, no record of it; {at} is one"
@@ -266,7 +270,7 @@ class Planner:
                     keys = (here, own, self.pack_key(value), self.pack_key(other))
                     cost = self.average(value) + self.average(other)
                     after = bool({_name_of(value), _name_of(other)} & self.rebased)
-                    fix = Fix("repair_entry", "move", keys, (id, value, other), cost, after)
+                    fix = Fix("repair_entry", "move", keys, (id, value, other), cost, after, self.pack_key(value))
                     self.add("entry_misplaced", here, text, 1, "moved to its id's partition", fix)
                     continue
                 lost = int(index.value(id) is None and id not in kept and not self.held_elsewhere(id))

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from .facade import DelayStore
     from .runner import Runner
 
-__all__ = ["KINDS", "CheckReport", "Finding", "RepairReport", "ShardCheck", "check_store", "repair_store"]
+__all__ = ["KINDS", "CheckReport", "Finding", "RepairReport", "ShardCheck", "check_store", "mend", "repair_store"]
 
 PHASES = (
     ("repair_shape", ""),
@@ -141,6 +141,7 @@ class FixRunner:
         """Per finding, whether its fix found things as read (and, mending, mended them); True for a finding
         without a fix, and, when only checking, for one that holds only once earlier fixes are made."""
         done = [True] * len(findings)
+        refused: set[str] = set()  # packs whose count or base was not set: nothing relies on them this round
         for script, mode in PHASES:
             chosen = [
                 (n, finding.fix)
@@ -149,10 +150,14 @@ class FixRunner:
                 and (finding.fix.script, finding.fix.mode) == (script, mode)
                 and (repair or not finding.fix.after)
             ]
-            for batch in _batches(chosen):
+            for n, fix in chosen:
+                done[n] = fix.needs not in refused
+            for batch in _batches([(n, fix) for n, fix in chosen if done[n]]):
                 codes = self._call(shard, shape, script, mode, [fix for _, fix in batch], repair)
-                for (n, _), ok in zip(batch, codes, strict=True):
+                for (n, fix), ok in zip(batch, codes, strict=True):
                     done[n] = ok
+                    if not ok and mode in ("count", "base"):
+                        refused.add(fix.keys[0])
         return done
 
     def _call(self, shard: int, shape: str, script: str, mode: str, fixes: list[Fix], repair: bool) -> list[bool]:
@@ -208,6 +213,20 @@ def check_store(store: DelayStore) -> CheckReport:
     return CheckReport([check_shard(store, shard, fixes) for shard in range(len(store.shards))])
 
 
+def mend(store: DelayStore, report: CheckReport, fixes: FixRunner | None = None) -> RepairReport:
+    """Mend what ``report`` found, once: each item only if it is still as the check read it. Returns what was
+    mended and what had changed meanwhile (``left`` is ``report``: check again to see what is left)."""
+    fixes = fixes or FixRunner(store)
+    result = RepairReport(report, report, rounds=1)
+    for shard in report.shards:
+        done = fixes.run(shard.shard, shard.shape, shard.findings, repair=True)
+        for finding, ok in zip(shard.findings, done, strict=True):
+            if finding.fix is not None:
+                (result.repaired if ok else result.changed)[finding.kind] += 1
+                result.lost += finding.lost if ok else 0
+    return result
+
+
 def repair_store(store: DelayStore, *, rounds: int = MAX_ROUNDS) -> RepairReport:
     """Check ``store``, mend what is safe to mend, and check again, up to ``rounds`` times while something was
     mended and something is left."""
@@ -215,17 +234,12 @@ def repair_store(store: DelayStore, *, rounds: int = MAX_ROUNDS) -> RepairReport
     found = report = check_store(store)
     result = RepairReport(found, found)
     while result.rounds < rounds and any(finding.fix is not None for finding in report.findings):
+        once = mend(store, report, fixes)
         result.rounds += 1
-        mended = 0
-        for shard in report.shards:
-            done = fixes.run(shard.shard, shard.shape, shard.findings, repair=True)
-            for finding, ok in zip(shard.findings, done, strict=True):
-                if finding.fix is None:
-                    continue
-                (result.repaired if ok else result.changed)[finding.kind] += 1
-                result.lost += finding.lost if ok else 0
-                mended += ok
+        result.repaired.update(once.repaired)
+        result.changed.update(once.changed)
+        result.lost += once.lost
         report = result.left = check_store(store)
-        if not mended:
+        if not once.repaired:
             break
     return result
