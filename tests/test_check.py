@@ -407,6 +407,24 @@ def test_no_record_is_indexed_into_a_pack_whose_count_could_not_be_raised(store:
     assert_each_promoted_once(store, ready_key, {*ids, late})
 
 
+def test_no_base_is_set_while_the_count_could_not_be_raised(store: DelayStore, ready_key: str) -> None:
+    ids = park_packed(store, 40)
+    name = packs(store)[0]
+    store.client.hset(store.keys.pack_base, name, 3)  # no entry of the pack points at its record now
+    store.client.hset(store.keys.pack_live, name, 2)
+    report = check_store(store)
+    assert {finding.kind for finding in report.findings} == {"base_drift", "count_drift"}
+    late = new_id()
+    store.park(late, envelope(late), delay=HOUR)
+    assert late in ids_in(store, name)
+
+    once = mend(store, report)
+    assert once.changed == Counter(base_drift=1, count_drift=1) and not once.repaired
+    assert int(store.client.hget(store.keys.pack_live, name) or 0) >= visible(store, name) == 1
+    assert repair_store(store).left.damaged is False
+    assert_each_promoted_once(store, ready_key, {*ids, late})
+
+
 def test_repairs_while_a_producer_parks_and_cancels_lose_and_duplicate_nothing(
     store: DelayStore, ready_key: str
 ) -> None:
@@ -487,6 +505,19 @@ def test_packs_of_large_payloads_are_read_in_bounded_pieces(store: DelayStore, m
     monkeypatch.setattr(store.client, "lrange", measured)
     assert not check_store(store).damaged
     assert sum(replies) > 12 * big and max(replies) <= check_read.CHUNK_BYTES + big + 100
+
+
+def test_a_namespace_with_glob_characters_sees_its_own_keys_only(client: redis.Redis) -> None:
+    suffix = uuid.uuid4().hex[:8]
+    starred = DelayStore(client, namespace=f"g*{suffix}")  # its unescaped pattern would match the other's keys
+    plain = DelayStore(client, namespace=f"gz{suffix}")
+    park_packed(starred, 10)
+    park_packed(plain, 30)
+    assert check_read.glob_escape(starred.keys.key("pack:")) == f"delay_broker:{{g\\*{suffix}}}:pack:"
+    [shard] = check_store(starred).shards
+    assert (shard.records, shard.entries, shard.findings) == (10, 10, [])
+    plain.client.delete(plain.keys.packs)
+    assert not check_store(starred).damaged and check_store(plain).damaged
 
 
 # -- under the least-privilege user of docs/reliability.md ---------------------------------------------------------

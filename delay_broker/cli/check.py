@@ -101,7 +101,7 @@ def table(shard: ShardCheck) -> Table:
         examples.setdefault(group, (finding.problem, finding.repair or "none: mend it by hand"))
     grid = Table(show_lines=False)
     for column in ("kind", "key", "found", "messages", "what is wrong (first)", "repair"):
-        grid.add_column(column, justify="right" if column in ("found", "messages") else "left")
+        grid.add_column(column, justify="right" if column in ("found", "messages") else "left", overflow="fold")
     for n, ((kind, key), (found, messages, lost)) in enumerate(rows.items()):
         if n == ROWS:
             grid.add_row("...", f"{len(rows) - ROWS} more (--json lists every finding)", "", "", "", "")

@@ -118,8 +118,8 @@ class Planner:
             for pack in read.packs.values()
             if pack.stored_base != pack.base or (pack.live_raw is not None and int_or_none(pack.live_raw) is None)
         }
-        """Packs whose base the repair sets, or whose malformed count: every script refuses to read their records
-        until then, so what the repair does by their records holds only after that."""
+        """Packs whose base the repair sets, or whose count is malformed (every script refuses to read their
+        records until it is set): what the repair does by their records holds only after that."""
 
     def add(
         self, kind: str, key: str, problem: str, messages: int, repair: str, fix: Fix | None = None, lost: int = 0
@@ -339,7 +339,9 @@ class Planner:
             keys = (pack.key, self.own(id))
         else:
             index, id, keys = -1, b"", (pack.key, self.space.packs)
-        fix = Fix("repair_pack", "base", keys, (pack.base_raw or b"", pack.base, index, id, b""), pack.average)
+        args = (pack.base_raw or b"", pack.base, index, id, b"")
+        # A base set makes every entry that shows it point at its record: the count must cover them first.
+        fix = Fix("repair_pack", "base", keys, args, pack.average, needs=pack.key)
         problem = f"pack {pack.name} has base {(pack.base_raw or b'0')[:40]!r}; its index entries show {pack.base}"
         self.add("base_drift", self.space.pack_base, problem, messages, f"set to {pack.base}", fix)
 

@@ -34,7 +34,6 @@ BATCH = 200
 """Commands sent in one pipeline."""
 
 SHAPE_TEXT = re.compile(rb"(\d+):(\d+)\Z")
-PACK_NAME = re.compile(r"(\d+):(\d+)\Z")
 ID_BYTES = 16
 RECORD_HEADER = 22
 """A packed record's id (16 bytes) and due time (6): its envelope follows (``PACK_HEADER`` in the Lua helpers)."""
@@ -44,9 +43,10 @@ FIXED_TYPES |= {"dead": "zset", "stats": "hash"}
 
 
 def glob_escape(text: str) -> str:
-    """``text`` as a literal in a SCAN ``MATCH`` pattern (a namespace may hold ``*``, ``?`` or ``[``; the hash
-    tag's braces are escaped too, as the brief of the key layout asks of every pattern built from a key)."""
-    return re.sub(r"([\\*?\[\]{}])", r"\\\1", text)
+    """``text`` as a literal in a SCAN ``MATCH`` pattern: a namespace or prefix may hold ``*``, ``?``, ``[``.
+    Braces are literal in Redis's patterns, and left so: a Cluster node (Redis 7.4 and later) then scans only
+    the slot of the pattern's hash tag, which an escape before or in the tag would keep it from seeing."""
+    return re.sub(r"([\\*?\[\]])", r"\\\1", text)
 
 
 def parse_shape(raw: bytes | None) -> IndexShape | None:
