@@ -12,7 +12,7 @@ import uuid
 from collections import Counter
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import pytest
 import redis
@@ -30,7 +30,17 @@ LONG_LEAD = 10 * 365 * 86400
 """A ``pack_after`` whose lead (half of it) opens every pack now."""
 DOCS = Path(__file__).resolve().parents[1] / "docs" / "reliability.md"
 
-Plant = Callable[[DelayStore, list[str]], tuple[set[str], set[str]]]
+
+class Damage(NamedTuple):
+    """What a plant did: the kinds of finding it makes, the messages it made unreadable (gone with their records),
+    and how many messages the repair writes off as lost."""
+
+    kinds: set[str]
+    unreadable: frozenset[str] = frozenset()
+    written_off: int = 0
+
+
+Plant = Callable[[DelayStore, list[str]], Damage]
 
 
 def new_id() -> str:
@@ -154,13 +164,13 @@ def test_a_clean_store_reports_nothing_and_the_check_changes_no_key(
 # -- each kind of damage -------------------------------------------------------------------------------------------
 
 
-def plant_shape(store: DelayStore, ids: list[str]) -> tuple[set[str], set[str]]:
+def plant_shape(store: DelayStore, ids: list[str]) -> Damage:
     assert shape(store).partitions > 1
     store.client.set(store.keys.packed_shape, "garbage")
-    return {"shape_malformed"}, set()
+    return Damage({"shape_malformed"})
 
 
-def plant_misplaced(store: DelayStore, ids: list[str]) -> tuple[set[str], set[str]]:
+def plant_misplaced(store: DelayStore, ids: list[str]) -> Damage:
     count = shape(store).partitions
     for id in ids[:5]:
         own = partition(store, id)
@@ -168,91 +178,91 @@ def plant_misplaced(store: DelayStore, ids: list[str]) -> tuple[set[str], set[st
         store.client.hdel(own, binary_id(id))
         number = int(own.rsplit(":", 1)[1])
         store.client.hset(store.keys.packed((number + 1) % count), binary_id(id), value)  # type: ignore[arg-type]
-    return {"entry_misplaced"}, set()
+    return Damage({"entry_misplaced"})
 
 
-def plant_past_end(store: DelayStore, ids: list[str]) -> tuple[set[str], set[str]]:
+def plant_past_end(store: DelayStore, ids: list[str]) -> Damage:
     key = partition(store, ids[1])
     value = store.client.hget(key, binary_id(ids[1]))
     assert value is not None
     store.client.hset(key, binary_id(ids[1]), value[:8] + (99_999).to_bytes(4, "big"))
-    return {"entry_broken"}, set()
+    return Damage({"entry_broken"})
 
 
-def plant_entry_without_record(store: DelayStore, ids: list[str]) -> tuple[set[str], set[str]]:
+def plant_entry_without_record(store: DelayStore, ids: list[str]) -> Damage:
     ghost = new_id()
     value = store.client.hget(partition(store, ids[0]), binary_id(ids[0]))
     store.client.hset(partition(store, ghost), binary_id(ghost), value)  # type: ignore[arg-type]
-    return {"entry_broken"}, set()
+    return Damage({"entry_broken"}, written_off=1)
 
 
-def plant_list_deleted(store: DelayStore, ids: list[str]) -> tuple[set[str], set[str]]:
+def plant_list_deleted(store: DelayStore, ids: list[str]) -> Damage:
     name = packs(store)[1]
     lost = ids_in(store, name)
     store.client.delete(store.keys.pack(name))
-    return {"entry_broken", "pack_gone"}, lost
+    return Damage({"entry_broken", "pack_gone"}, frozenset(lost), len(lost))
 
 
-def plant_partitions_deleted(store: DelayStore, ids: list[str]) -> tuple[set[str], set[str]]:
+def plant_partitions_deleted(store: DelayStore, ids: list[str]) -> Damage:
     for key in store.client.scan_iter(match=store.keys.key("packed:*")):
         store.client.delete(key)
-    return {"record_orphaned"}, set()
+    return Damage({"record_orphaned"})
 
 
-def plant_duplicate(store: DelayStore, ids: list[str]) -> tuple[set[str], set[str]]:
+def plant_duplicate(store: DelayStore, ids: list[str]) -> Damage:
     key, record = record_of(store, ids[0])
     store.client.rpush(key, record)
-    return {"record_duplicate"}, set()
+    return Damage({"record_duplicate"})
 
 
-def plant_copy_of_a_message_held_elsewhere(store: DelayStore, ids: list[str]) -> tuple[set[str], set[str]]:
+def plant_copy_of_a_message_held_elsewhere(store: DelayStore, ids: list[str]) -> Damage:
     key, record = record_of(store, ids[0])
     store.cancel(ids[0])
     store.park(ids[0], envelope(ids[0]), delay=60)  # parked again, in the ordinary layout
     store.client.rpush(key, record)
-    return {"record_duplicate"}, set()
+    return Damage({"record_duplicate"})
 
 
-def plant_unreadable(store: DelayStore, ids: list[str]) -> tuple[set[str], set[str]]:
+def plant_unreadable(store: DelayStore, ids: list[str]) -> Damage:
     store.client.rpush(store.keys.pack(packs(store)[0]), b"junk")
-    return {"record_unreadable"}, set()
+    return Damage({"record_unreadable"})
 
 
 def plant_count(value: str | int) -> Plant:
-    def plant(store: DelayStore, ids: list[str]) -> tuple[set[str], set[str]]:
+    def plant(store: DelayStore, ids: list[str]) -> Damage:
         name = packs(store)[0]
         live = int(store.client.hget(store.keys.pack_live, name) or 0)
         store.client.hset(store.keys.pack_live, name, live + value if isinstance(value, int) else value)
-        return {"count_drift"}, set()
+        return Damage({"count_drift"})
 
     return plant
 
 
 def plant_base(value: str | int) -> Plant:
-    def plant(store: DelayStore, ids: list[str]) -> tuple[set[str], set[str]]:
+    def plant(store: DelayStore, ids: list[str]) -> Damage:
         store.client.hset(store.keys.pack_base, packs(store)[0], value)
-        return {"base_drift"}, set()
+        return Damage({"base_drift"})
 
     return plant
 
 
-def plant_unlisted(store: DelayStore, ids: list[str]) -> tuple[set[str], set[str]]:
+def plant_unlisted(store: DelayStore, ids: list[str]) -> Damage:
     store.client.delete(store.keys.packs)
-    return {"pack_unlisted"}, set()
+    return Damage({"pack_unlisted"})
 
 
-def plant_late(store: DelayStore, ids: list[str]) -> tuple[set[str], set[str]]:
+def plant_late(store: DelayStore, ids: list[str]) -> Damage:
     name = packs(store)[0]
     earliest = int(store.client.zscore(store.keys.packs, name) or 0)
     store.client.zadd(store.keys.packs, {name: earliest + 600_000})
-    return {"pack_late"}, set()
+    return Damage({"pack_late"})
 
 
-def plant_leftovers(store: DelayStore, ids: list[str]) -> tuple[set[str], set[str]]:
+def plant_leftovers(store: DelayStore, ids: list[str]) -> Damage:
     store.client.hset(store.keys.pack_base, "150000:7", 4)
     store.client.hset(store.keys.pack_live, "150000:7", 2)
     store.client.hset(store.keys.pack_live, "150000:8", 0)
-    return {"leftover"}, set()
+    return Damage({"leftover"}, written_off=2)
 
 
 PLANTS: dict[str, Plant] = {
@@ -281,7 +291,7 @@ def test_damage_is_found_mended_and_every_readable_message_promoted_once(
     store: DelayStore, redis_server: EmbeddedRedis, namespace: str, ready_key: str, plant: Plant
 ) -> None:
     ids = park_packed(store)
-    expected, lost = plant(store, ids)
+    expected, lost, written_off = plant(store, ids)
 
     found = run_check(redis_server, namespace, "--json")
     assert found.exit_code == 1, found.output
@@ -293,7 +303,7 @@ def test_damage_is_found_mended_and_every_readable_message_promoted_once(
     assert repaired.exit_code == 0, repaired.output
     data = json.loads(repaired.output)
     assert set(data["repaired"]) >= expected and data["left"]["damaged"] is False
-    assert data["lost"] == len(lost) + (plant is plant_entry_without_record) + (plant is plant_leftovers) * 2
+    assert data["lost"] == written_off
 
     again = run_check(redis_server, namespace)
     assert again.exit_code == 0 and "No damage found" in again.output, again.output
@@ -537,15 +547,18 @@ def test_the_documented_acl_user_can_check_and_repair(
     rules = list(documented_acl(namespace))
     assert len(rules) == 2, "the store's line and the check's"
     user = f"check-{uuid.uuid4().hex[:8]}"
-    client.acl_log_reset()
-    for rule in rules:
-        client.execute_command("ACL", "SETUSER", user, *(word.replace(">CHANGE-ME", ">pw") for word in rule))
+    url = redis_server.url.replace("redis://", f"redis://{user}:pw@")
+    base = ["check", "--redis-url", url, "--namespace", namespace]
     try:
+        client.execute_command("ACL", "SETUSER", user, *(word.replace(">CHANGE-ME", ">pw") for word in rules[0]))
+        refused = CliRunner().invoke(cli, base)
+        assert refused.exit_code == 1 and "scan" in refused.output.lower(), "the store's list lacks SCAN"
+        client.execute_command("ACL", "SETUSER", user, *rules[1])
+        client.acl_log_reset()
         ids = park_packed(store, 40)
         plant_partitions_deleted(store, ids)
-        url = redis_server.url.replace("redis://", f"redis://{user}:pw@")
-        base = ["check", "--redis-url", url, "--namespace", namespace]
-        assert CliRunner().invoke(cli, base).exit_code == 1
+        found = CliRunner().invoke(cli, base)
+        assert found.exit_code == 1 and "record_orphaned" in found.output, found.output
         repaired = CliRunner().invoke(cli, [*base, "--repair"])
         assert repaired.exit_code == 0, repaired.output
         assert CliRunner().invoke(cli, base).exit_code == 0
