@@ -7,6 +7,7 @@ import functools
 import json
 import time
 import uuid
+from collections import Counter
 from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
 from typing import TYPE_CHECKING
@@ -327,3 +328,31 @@ def _parks(store: DelayStore, id: str) -> bool:
     except WrongNode:
         return False
     return True
+
+
+def test_check_finds_and_repairs_packs_of_every_shard_on_its_own_node(
+    store: DelayStore, redis_cluster: RedisClusterServers
+) -> None:
+    """``delay-broker check`` SCANs each shard's keys on the master holding the shard's slot."""
+    from delay_broker.store.checking import check_store, repair_store
+
+    ids = [str(uuid.uuid4()) for _ in range(600)]
+    store.park_many([ParkRequest(id, envelope(id.encode()), delay=3600) for id in ids])
+    assert store.stats().packed == 600
+    client = store.client
+    damaged = {0, 3, 5}
+    for shard in damaged:  # every index partition of the shard deleted: its records orphaned
+        space = store.shards[shard]
+        node = client.get_node_from_key(space.packs)
+        for key in list(client.scan_iter(match=space.key("packed:*"), target_nodes=node)):
+            client.delete(key)
+    report = check_store(store)
+    found = {shard.shard for shard in report.shards if shard.findings}
+    assert found == damaged and {finding.kind for finding in report.findings} == {"record_orphaned"}
+    orphans = sum(len(shard.findings) for shard in report.shards)
+    assert orphans == sum(shard.records for shard in report.shards if shard.shard in damaged)
+    repaired = repair_store(store)
+    assert repaired.repaired == Counter(record_orphaned=orphans) and not repaired.left.damaged
+    result = CliRunner().invoke(cli, ["check", "--redis-url", redis_cluster.url, "--namespace", store.keys.namespace])
+    assert result.exit_code == 0 and "No damage found" in result.output, result.output
+    assert all((info := store.get(id)) is not None and info.state == "due" for id in ids)

@@ -8,7 +8,7 @@ every key and runs the whole text at every call, and defining every helper each 
 server time.
 
 The helpers are grouped by area in ``_lib/``, in :data:`LIB` order (a helper is defined after those it calls):
-due times, guards, envelopes, promotion, packs, the by-id scripts' arguments, parking.
+due times, guards, envelopes, promotion, packs, the by-id scripts' arguments, parking, repairs.
 """
 
 from __future__ import annotations
@@ -46,10 +46,14 @@ NAMES = (
     "split_index",
     "held",
     "pack_audit",
+    "repair_shape",
+    "repair_entry",
+    "repair_record",
+    "repair_pack",
 )
 
 
-LIB = ("time", "guards", "envelope", "promotion", "packs", "by_id", "parking")
+LIB = ("time", "guards", "envelope", "promotion", "packs", "by_id", "parking", "repair")
 """The helper files of ``_lib/``, in the order their definitions are sent."""
 
 
