@@ -54,6 +54,7 @@ STORE_EVENTS = (
     "cancelled",
     "requeued",
     "opened",
+    "pack_damaged",
 )
 """The store-wide counters :class:`StoreCollector` exposes (``delay_broker_store_events_total``)."""
 
