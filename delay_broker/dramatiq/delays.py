@@ -11,6 +11,7 @@ Two units meet here and are kept apart on purpose:
 from __future__ import annotations
 
 import logging
+import sys
 from datetime import timedelta
 from typing import Any
 
@@ -48,13 +49,18 @@ def threshold_ms(threshold: object) -> int:
         raise ConfigurationError(f"threshold: {error} (give seconds or a timedelta)") from None
 
 
+def _broker_class(module: str, name: str) -> type | None:
+    """A broker class, when its module is imported already: a broker of it can only exist then, and importing
+    dramatiq-sqs (boto3) or the RabbitMQ broker (pika) to rule it out weighed every worker 16 MB."""
+    loaded = sys.modules.get(module)
+    found = getattr(loaded, name, None)
+    return found if isinstance(found, type) else None
+
+
 def native_cap_ms(broker: dramatiq.Broker) -> int | None:
     """The longest delay the broker itself accepts, or None when it has no limit of its own."""
-    try:
-        from dramatiq_sqs import SQSBroker
-    except ImportError:  # pragma: no cover - depends on the install
-        return None
-    return SQS_MAX_DELAY_MS if isinstance(broker, SQSBroker) else None
+    sqs = _broker_class("dramatiq_sqs", "SQSBroker")
+    return SQS_MAX_DELAY_MS if sqs is not None and isinstance(broker, sqs) else None
 
 
 def effective_threshold_ms(broker: dramatiq.Broker, configured_ms: int | None) -> int:
@@ -81,11 +87,8 @@ def check_consumer_timeout(broker: dramatiq.Broker, threshold_ms: int, consumer_
     ``consumer_timeout_ms``: the server's setting when known (None: RabbitMQ's default; False: turned off).
     Returns whether it warned.
     """
-    try:
-        from dramatiq.brokers.rabbitmq import RabbitmqBroker
-    except ImportError:  # pragma: no cover - pika not installed
-        return False
-    if not isinstance(broker, RabbitmqBroker) or consumer_timeout_ms is False:
+    rabbitmq = _broker_class("dramatiq.brokers.rabbitmq", "RabbitmqBroker")
+    if rabbitmq is None or not isinstance(broker, rabbitmq) or consumer_timeout_ms is False:
         return False
     timeout = RABBITMQ_CONSUMER_TIMEOUT_MS if consumer_timeout_ms is None else int(consumer_timeout_ms)
     if threshold_ms < timeout:

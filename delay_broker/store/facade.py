@@ -104,12 +104,8 @@ class DelayStore:
         """The keys of shard 0 (all of them when the namespace is not sharded)."""
         parts = Parts(self._shards, options)
         self.far_tier = parts.far_tier
-        self._runner, self._encoder, self._parking, self._packs = (
-            parts.runner,
-            parts.encoder,
-            parts.parking,
-            parts.packs,
-        )
+        self._runner, self._encoder, self._packs = parts.runner, parts.encoder, parts.packs
+        self._parking, self._park_one = parts.parking, parts.park_one
         self._far, self._reading, self._tier, self._promotion = parts.far, parts.reading, parts.tier, parts.promotion
         self._dead, self._registry, self._stats = parts.dead, parts.registry, parts.stats
 
@@ -170,10 +166,10 @@ class DelayStore:
         """
         if on_conflict != "replace" or not self._tier.fast_path or tracing.active():
             return self.park_many([ParkRequest(id, envelope, delay=delay, due=due)], on_conflict=on_conflict)[0]
-        # Every adapter's delayed send: one new id, untraced, in one call of the one-message scripts; anything
-        # they leave (an id already held, anything unusual) goes to park.lua with the same parcel.
+        # Every adapter's delayed send: one new id, untraced, in one call of the one-message scripts (sent with
+        # other threads' parks made at once); anything they leave goes to park.lua with the same parcel.
         parcel = self._encoder.parcel_of(id, envelope, delay, due, None)
-        return self._parking.park_one(parcel) or self._tier.park([parcel], on_conflict)[0]
+        return self._park_one(parcel) or self._tier.park([parcel], on_conflict)[0]
 
     def park_many(self, requests: Iterable[ParkRequest], *, on_conflict: OnConflict = "replace") -> list[ParkResult]:
         """Park many messages: one round trip per 1000 (per shard), each chunk all or nothing.

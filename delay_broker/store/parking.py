@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 from ..errors import DelayBrokerError, StoreUnavailable
 from ..keys import shard_of
@@ -26,6 +26,17 @@ OUTCOMES: tuple[Literal["kept", "new", "replaced", "stale", "moved"], ...] = (
     "moved",
 )
 """park.lua's outcome codes, in order."""
+
+
+class OneCall(NamedTuple):
+    """A one-message park script's call: the script, its shard, arguments and keys after the shard's, and (a pack)
+    the index partition the id goes to (-1 for the ordinary layout)."""
+
+    script: str
+    shard: int
+    args: list[Any]
+    extra: list[str]
+    partition: int
 
 
 class RedisParking:
@@ -50,40 +61,47 @@ class RedisParking:
         Celery's eta), in one call of ``pack_one.lua`` or ``park_one.lua``: a third of park.lua's server time.
         None when the script leaves the message to park.lua (the id is held, or anything unusual; nothing was
         written)."""
+        call = self.one_call(parcel)
+        try:
+            reply = self.runner.run(call.script, call.shard, call.args, extra=call.extra)
+        except StoreUnavailable:
+            raise
+        except DelayBrokerError:  # a refusal: park.lua, which wrote nothing either, says what it is
+            return None
+        return self.one_result(call, parcel, reply)
+
+    def one_call(self, parcel: Parcel) -> OneCall:
+        """The one-message script call that parks ``parcel`` (see :meth:`park_one`), made by it or in a batch."""
         self.shards.settle_for_parking()
         spaces = self.shards.layout("park")
         shard = 0 if len(spaces) == 1 else shard_of(parcel.id, len(spaces))
         space = spaces[shard]
         binary = binary_id(parcel.id)
         shape = self.runner.shape(shard)
-        name = None
         if binary == NOT_PACKABLE:
-            partition = space.packs
+            partition, name = space.packs, None
         else:
-            partition = space.packed(shape.partition(binary))
+            number = shape.partition(binary)
+            partition, name = space.packed(number), None
             if self.pack.after_ms is not None:
                 # The pack is chosen by the estimated Redis clock; the script reads the clock itself for the due time.
                 now = self.shards.estimated_now_ms()
                 name = self.pack.target(binary, parcel.due.at(now), now)
-        try:
-            if name is not None:
-                args = [parcel.id, parcel.due.wire, parcel.record, binary, str(shape), name, self.pack.min_ahead_ms]
-                args.append(self.max_delay_arg)
-                reply = self.runner.run("pack_one", shard, args, extra=[partition, space.pack(name)])
-                if reply:
-                    self.shards.relay_wake(shard, reply[2])
-                    if int(reply[1]):
-                        self.runner.split_index(shard, shape.partition(binary))
-            else:
-                args = [parcel.id, parcel.due.wire, parcel.record, binary, str(shape), self.max_delay_arg]
-                reply = self.runner.run("park_one", shard, args, extra=[partition])
-                if reply:
-                    self.shards.relay_wake(shard, reply[1])
-        except StoreUnavailable:
-            raise
-        except DelayBrokerError:  # a refusal: park.lua, which wrote nothing either, says what it is
+        head = [parcel.id, parcel.due.wire, parcel.record, binary, str(shape)]
+        if name is None:
+            return OneCall("park_one", shard, [*head, self.max_delay_arg], [partition], -1)
+        args = [*head, name, self.pack.min_ahead_ms, self.max_delay_arg]
+        return OneCall("pack_one", shard, args, [partition, space.pack(name)], number)
+
+    def one_result(self, call: OneCall, parcel: Parcel, reply: Any) -> ParkResult | None:
+        """What a one-message call's ``reply`` says (None: left to park.lua), its wake relayed and a full index
+        partition split."""
+        if not reply:
             return None
-        return ParkResult(parcel.id, int(reply[0]), "new") if reply else None
+        self.shards.relay_wake(call.shard, reply[-1])
+        if call.partition >= 0 and int(reply[1]):
+            self.runner.split_index(call.shard, call.partition)
+        return ParkResult(parcel.id, int(reply[0]), "new")
 
     def park(self, parcels: list[Parcel], on_conflict: OnConflict) -> list[ParkResult]:
         """Park each message with park.lua: one call per 1,000 per shard, each chunk all or nothing."""

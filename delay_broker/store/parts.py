@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from ..far import FarTier
+from .batching import ParkBatcher
 from .dead_letters import DeadLetters
 from .encoding import Encoder
 from .far_view import FarReader, FarView, NoFarTier
@@ -28,6 +29,10 @@ class Parts:
         self.runner = runner = Runner(shards, replication)
         self.encoder = Encoder(options.max_payload_bytes, options.record_version)
         self.parking = parking = RedisParking(shards, runner, options.pack, options.max_delay_arg)
+        # Concurrent parks share round trips, but for a Cluster (a round trip per node) and durable writes (a
+        # WAIT per park): there each park is its own call.
+        batched = not shards.cluster and not options.replicas
+        self.park_one = ParkBatcher(parking).park if batched else parking.park_one
         self.packs = PackOpener(shards, runner, options.pack)
         self.far_tier = tier = _far_tier(options)
         self.far: FarReader = NoFarTier()

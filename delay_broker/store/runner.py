@@ -65,6 +65,30 @@ class Runner:
                 raise elsewhere from None
             raise self.shards.translated(error, name) from error
 
+    def run_together(self, calls: Sequence[tuple[str, int, Sequence[Any], Sequence[str]]]) -> list[Any]:
+        """Calls ``(name, shard, args, extra)`` of one server in one round trip, each one's reply or its error as
+        delay_broker's (for the caller of that call alone). Not on a Cluster, not with replicas: those go one by
+        one. A call whose script the server lacks is made again alone (which loads it)."""
+        pipe = self.shards.client.pipeline(transaction=False)
+        for name, shard, args, extra in calls:
+            keys = [*self.shards.space(shard, name).keys_of(scripts.keys_used(name)), *extra]
+            pipe.evalsha(self._scripts[name].sha, len(keys), *keys, *args)
+        try:
+            replies = pipe.execute(raise_on_error=False)
+        except RedisFailure as error:  # the connection, for every call of the round trip
+            raise self.shards.translated(error, calls[0][0]) from error
+        results: list[Any] = []
+        for (name, shard, args, extra), reply in zip(calls, replies, strict=True):
+            if isinstance(reply, redis.exceptions.NoScriptError):
+                try:
+                    reply = self.run(name, shard, args, extra=extra)
+                except DelayBrokerError as error:
+                    reply = error
+            elif isinstance(reply, RedisFailure):
+                reply = self.shards.translated(reply, name)
+            results.append(reply)
+        return results
+
     def _evalsha(self, name: str, keys: Sequence[str], args: Sequence[Any]) -> Any:
         """Script ``name`` by its hash, sent whole (and so loaded) where the server lacks it. Not through redis-py's
         ``Script``: on a Cluster its fallback loads the script on every primary, which fails while any one is
