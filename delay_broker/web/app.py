@@ -22,8 +22,8 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from ..cli.format import describe_filter
 from ..decoding import decode_payload
+from ..display import describe_filter
 from ..errors import DelayBrokerError, InvalidMessage, StoreError
 from ..operations import BulkResult, Ids, Operations
 from ..schedules import RuntimeSchedules, schedule_rows
