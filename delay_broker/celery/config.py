@@ -45,7 +45,15 @@ RABBITMQ_CONSUMER_TIMEOUT = 1800.0
 """RabbitMQ's default ``consumer_timeout`` (30 min): a delivery left unacknowledged longer makes the broker
 close the channel and redeliver everything it held. Set on the server, so a client cannot read it."""
 
-"""Our multi-host store URLs (see :mod:`delay_broker.connect`)."""
+TRANSPORT_MODULE = "delay_broker.celery.transport"
+TRANSPORTS: dict[str, str] = {
+    "redis": f"{TRANSPORT_MODULE}:RedisTransport",
+    "sentinel": f"{TRANSPORT_MODULE}:SentinelTransport",
+    "amqp": f"{TRANSPORT_MODULE}:AmqpTransport",
+    "amqps": f"{TRANSPORT_MODULE}:AmqpSSLTransport",
+    "sqs": f"{TRANSPORT_MODULE}:SQSTransport",
+}
+"""The ``broker_transport`` value for each kind of broker (``amqps``: RabbitMQ over TLS)."""
 
 
 @dataclass(frozen=True)
