@@ -34,6 +34,7 @@ from .decoding import searchable_text
 from .envelope import Envelope
 from .errors import ConfigurationError, CorruptEnvelope, InvalidDelay, StoreError
 from .records import FarSnapshot, IndexScan, Position
+from .rescheduling import rescheduler_for
 from .store import MAX_BATCH, DelayStore, ListState, MessageInfo
 
 SCAN_PER_CALL = 5000
@@ -516,7 +517,8 @@ def reschedule_one(store: DelayStore, id: str, due: datetime, framework: str | N
     ``framework``: the message's (``""`` when its envelope is unreadable), when the caller just read it (a
     filter's scan); it decides how the message is moved, never what is written back. None: read it here.
 
-    A Celery message carries its own eta, which moves with it in the same atomic step (otherwise a task moved
+    A message whose framework's adapter registered a rescheduler (:mod:`delay_broker.rescheduling`) is moved by
+    it: a Celery message carries its own eta, which moves with it in the same atomic step (otherwise a task moved
     earlier would wait in a worker for its old eta); that needs celery installed.
     """
     if framework is None:
@@ -524,12 +526,7 @@ def reschedule_one(store: DelayStore, id: str, due: datetime, framework: str | N
         if info is None or info.state != "due":
             return None
         framework = _framework(info)
-    if framework == "celery":
-        try:
-            from .celery.messages import reschedule_parked
-        except ImportError:
-            raise ConfigurationError(
-                "moving a Celery task rewrites its eta header, which needs celery installed"
-            ) from None
-        return reschedule_parked(store, id, due)  # reads it afresh: the eta goes into the payload stored now
+    rescheduler = rescheduler_for(framework)
+    if rescheduler is not None:
+        return rescheduler(store, id, due)  # reads it afresh: the rewrite goes into the payload stored now
     return store.reschedule(id, due=due)
