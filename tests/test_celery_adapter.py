@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import subprocess
@@ -21,6 +22,7 @@ from kombu import Connection
 
 from delay_broker import ConfigurationError, DelayStore, Envelope
 from delay_broker.celery import TRANSPORT_REDIS, build_promoter, cancel, install, parse_options
+from delay_broker.celery.config import CHECKS, CeleryOptions
 from delay_broker.celery.messages import parse_celery_time
 from delay_broker.embedded import EmbeddedRedis
 
@@ -92,6 +94,15 @@ def store_of(app: Celery, server: EmbeddedRedis) -> DelayStore:
 def test_bad_options_are_refused_with_a_clear_message(raw: Any, message: str) -> None:
     with pytest.raises(ConfigurationError, match=message):
         parse_options(raw)
+
+
+def test_every_option_is_checked_and_takes_its_default() -> None:
+    """The table of checks covers every field of CeleryOptions (a field without one would be refused as unknown),
+    and each check takes the field's default back as it is."""
+    fields = dataclasses.fields(CeleryOptions)
+    assert list(CHECKS) == [field.name for field in fields]
+    for field in fields:
+        assert parse_options({field.name: field.default}) == CeleryOptions(), field.name
 
 
 def test_default_thresholds_per_transport() -> None:
