@@ -105,53 +105,7 @@ class Envelope:
             raise CorruptEnvelope(f"envelope must be bytes, got {type(raw).__name__}")
         if raw[:1] == b"\x02":
             return _decode_v2(raw)
-        line, separator, payload = raw.partition(_SEPARATOR)
-        if not separator:
-            raise CorruptEnvelope("malformed envelope: no header line")
-        try:
-            # Decoded as UTF-8 first: json.loads of bytes would also take UTF-16 or a byte-order mark, which
-            # the scripts' reader refuses, and a record must read the same in Python and in Lua.
-            header = json.loads(line.decode("utf-8"))
-        except (UnicodeDecodeError, ValueError) as error:
-            raise CorruptEnvelope(f"malformed envelope: header is not JSON ({error})") from None
-        except RecursionError:
-            # A header nested thousands deep: it must be refused like any other, not break the caller's batch.
-            raise CorruptEnvelope("malformed envelope: header is nested too deeply") from None
-        if not isinstance(header, dict):
-            raise CorruptEnvelope("malformed envelope: header is not a JSON object")
-        version = header.get("v")
-        if version != 1 or isinstance(version, bool):  # True == 1 in Python, not in JSON
-            raise CorruptEnvelope(f"unsupported envelope version {version!r}")
-        route, name, hash_field = header.get("r"), header.get("n"), header.get("h")
-        extra, parked_at = header.get("x", {}), header.get("t", 0)
-        if not isinstance(route, str) or not route:
-            raise CorruptEnvelope("malformed envelope: no route")
-        if not isinstance(header.get("f"), str):
-            raise CorruptEnvelope("malformed envelope: no framework")
-        if name is not None and not isinstance(name, str):
-            raise CorruptEnvelope("malformed envelope: name is not a string")
-        if hash_field is not None and not isinstance(hash_field, str):
-            raise CorruptEnvelope("malformed envelope: hash field is not a string")
-        # Read as the scripts' cjson reads them, so that both promotion paths take the same records: an empty
-        # array is an empty table there, and a number is an integer when its value is (1.0, 17e11).
-        if extra == []:
-            extra = {}
-        if isinstance(parked_at, float) and parked_at.is_integer():
-            parked_at = int(parked_at)
-        if not isinstance(extra, dict):
-            raise CorruptEnvelope("malformed envelope: extras are not an object")
-        if isinstance(parked_at, bool) or not isinstance(parked_at, int):
-            raise CorruptEnvelope("malformed envelope: parked-at is not an integer")
-        return cls(
-            route=route,
-            payload=payload,
-            framework=header["f"],
-            name=name,
-            hash_field=hash_field,
-            parked_at_ms=parked_at,
-            extra=extra,
-            version=1,
-        )
+        return _decode_v1(raw)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -191,6 +145,62 @@ class _Reader:
             raise CorruptEnvelope(f"malformed envelope: {what} is not UTF-8") from None
 
 
+def _decode_v1(raw: bytes) -> Envelope:
+    line, separator, payload = raw.partition(_SEPARATOR)
+    if not separator:
+        raise CorruptEnvelope("malformed envelope: no header line")
+    header = _v1_header(line)
+    route, name, hash_field = header.get("r"), header.get("n"), header.get("h")
+    extra, parked_at = header.get("x", {}), header.get("t", 0)
+    if not isinstance(route, str) or not route:
+        raise CorruptEnvelope("malformed envelope: no route")
+    if not isinstance(header.get("f"), str):
+        raise CorruptEnvelope("malformed envelope: no framework")
+    if name is not None and not isinstance(name, str):
+        raise CorruptEnvelope("malformed envelope: name is not a string")
+    if hash_field is not None and not isinstance(hash_field, str):
+        raise CorruptEnvelope("malformed envelope: hash field is not a string")
+    # Read as the scripts' cjson reads them, so that both promotion paths take the same records: an empty
+    # array is an empty table there, and a number is an integer when its value is (1.0, 17e11).
+    if extra == []:
+        extra = {}
+    if isinstance(parked_at, float) and parked_at.is_integer():
+        parked_at = int(parked_at)
+    if not isinstance(extra, dict):
+        raise CorruptEnvelope("malformed envelope: extras are not an object")
+    if isinstance(parked_at, bool) or not isinstance(parked_at, int):
+        raise CorruptEnvelope("malformed envelope: parked-at is not an integer")
+    return Envelope(
+        route=route,
+        payload=payload,
+        framework=header["f"],
+        name=name,
+        hash_field=hash_field,
+        parked_at_ms=parked_at,
+        extra=extra,
+        version=1,
+    )
+
+
+def _v1_header(line: bytes) -> dict[str, Any]:
+    """A version 1 header line as the JSON object it must be, of version 1."""
+    try:
+        # Decoded as UTF-8 first: json.loads of bytes would also take UTF-16 or a byte-order mark, which
+        # the scripts' reader refuses, and a record must read the same in Python and in Lua.
+        header = json.loads(line.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError) as error:
+        raise CorruptEnvelope(f"malformed envelope: header is not JSON ({error})") from None
+    except RecursionError:
+        # A header nested thousands deep: it must be refused like any other, not break the caller's batch.
+        raise CorruptEnvelope("malformed envelope: header is nested too deeply") from None
+    if not isinstance(header, dict):
+        raise CorruptEnvelope("malformed envelope: header is not a JSON object")
+    version = header.get("v")
+    if version != 1 or isinstance(version, bool):  # True == 1 in Python, not in JSON
+        raise CorruptEnvelope(f"unsupported envelope version {version!r}")
+    return header
+
+
 def _decode_v2(raw: bytes) -> Envelope:
     if len(raw) < _FIXED.size:
         raise CorruptEnvelope("malformed envelope: truncated header")
@@ -213,7 +223,7 @@ def _decode_v2(raw: bytes) -> Envelope:
     if flags & _EXTRAS:
         text = reader.take(int.from_bytes(reader.take(4, "extras"), "big"), "extras")
         try:
-            extra = json.loads(text.decode("utf-8"))  # UTF-8 only, as the scripts read it (see decode)
+            extra = json.loads(text.decode("utf-8"))  # UTF-8 only, as the scripts read it (see _v1_header)
         except (UnicodeDecodeError, ValueError, RecursionError):
             raise CorruptEnvelope("malformed envelope: extras are not JSON") from None
         if not isinstance(extra, dict):

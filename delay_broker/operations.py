@@ -34,6 +34,7 @@ from .decoding import searchable_text
 from .envelope import Envelope
 from .errors import ConfigurationError, CorruptEnvelope, InvalidDelay, StoreError
 from .records import FarSnapshot, IndexScan, Position
+from .rescheduling import rescheduler_for
 from .store import MAX_BATCH, DelayStore, ListState, MessageInfo
 
 SCAN_PER_CALL = 5000
@@ -154,34 +155,44 @@ class Operations:
         ``headers_only``: messages in Redis come without their payload, as for :meth:`DelayStore.list_messages`."""
         if not 0 < limit <= MAX_BATCH:
             raise ValueError(f"limit must be 1..{MAX_BATCH}")
-        sources = len(self._sources(filter))
-        positions = _cursor(cursor, sources)
-        found: list[list[tuple[Position, MessageInfo]]] = []
-        examined = 0
-        ended: list[bool] = []
+        kinds = [kind for kind, _ in self._sources(filter)]
+        positions = _cursor(cursor, len(kinds))
+        scans = self._scan_sources(filter, positions, limit, max_scan=max_scan, headers_only=headers_only)
+        page = self._merge(kinds, scans, positions, limit)
+        more = any(position is not _DONE for position in positions)
+        return Page(page, _cursor_text(positions) if more else None, sum(scan.examined for scan in scans))
+
+    def _scan_sources(
+        self, filter: MessageFilter, positions: list[CursorPosition], limit: int, *, max_scan: int, headers_only: bool
+    ) -> list[IndexScan]:
+        """Each source's next ``limit`` matches after its position (none for a source already done); a source
+        that has none left is marked done, or moved past what it examined, in ``positions``."""
+        scans: list[IndexScan] = []
         with self._snapshot(filter) as snapshot:
-            for source in range(sources):
-                position = positions[source]
+            for source, position in enumerate(positions):
                 if isinstance(position, _Done):
-                    found.append([])
-                    ended.append(True)
+                    scans.append(IndexScan(0, True, [], None))
                     continue
                 scan = self._scan(
                     filter, source, position, limit, max_scan=max_scan, snapshot=snapshot, headers_only=headers_only
                 )
-                found.append(scan.matches)
-                examined += scan.examined
-                ended.append(scan.exhausted and len(scan.matches) <= limit)
+                scans.append(scan)
                 if not scan.matches:
                     positions[source] = _DONE if scan.exhausted else scan.last
-        kinds = [kind for kind, _ in self._sources(filter)]
+        return scans
+
+    def _merge(
+        self, kinds: list[Source], scans: list[IndexScan], positions: list[CursorPosition], limit: int
+    ) -> list[MessageInfo]:
+        """The first ``limit`` messages of the sources' matches merged in order; each source's position moves
+        to the last of its matches taken (or to done, when it gave all it had to the end of the window)."""
         merged = heapq.merge(
             *[
                 [
                     (self._sort_key(kinds[source], position, info), source, n, position, info)
-                    for n, (position, info) in enumerate(matches)
+                    for n, (position, info) in enumerate(scan.matches)
                 ]
-                for source, matches in enumerate(found)
+                for source, scan in enumerate(scans)
             ]
         )
         page: list[MessageInfo] = []
@@ -194,14 +205,14 @@ class Operations:
                 page.append(info)
                 shown.add(info.id)
             consumed[source] = (n, position)
-        for source, matches in enumerate(found):
+        for source, scan in enumerate(scans):
             if source in consumed:
                 n, position = consumed[source]
+                ended = scan.exhausted and len(scan.matches) <= limit
                 # Matches not given yet are found again from there; the same goes for a shard none was taken
                 # from, whose position stays where it was.
-                positions[source] = position if n + 1 < len(matches) or not ended[source] else _DONE
-        more = any(position is not _DONE for position in positions)
-        return Page(page, _cursor_text(positions) if more else None, examined)
+                positions[source] = position if n + 1 < len(scan.matches) or not ended else _DONE
+        return page
 
     def count(self, filter: MessageFilter, *, max_scan: int = MAX_SCAN) -> Count:
         """How many messages match (a full scan in bounded calls, up to ``max_scan`` entries per shard)."""
@@ -289,49 +300,13 @@ class Operations:
         ``limit`` of them unless the window or ``max_scan`` ends first (a text filter may bring a few more)."""
         found: list[tuple[Position, MessageInfo]] = []
         examined = 0
+        kind, shard = self._sources(filter)[source]
+        headers_only = headers_only and not filter.text  # the text is searched in the payload
         while len(found) < limit and examined < max_scan:
             # With a text filter most structural matches fail it: take whole chunks, not a page at a time.
             wanted = MAX_BATCH if filter.text else limit - len(found)
             scan = min(SCAN_PER_CALL, max_scan - examined)
-            kind, shard = self._sources(filter)[source]
-            if kind == "packs":
-                reply = self.store.scan_packs(
-                    shard,
-                    start_ms=filter.start_ms,
-                    end_ms=filter.end_ms,
-                    after=after,
-                    scan=scan,
-                    limit=wanted,
-                    queue=filter.queue,
-                    task=filter.task,
-                    id_prefix=filter.id_prefix,
-                    headers_only=headers_only and not filter.text,
-                )
-            elif kind == "far":
-                reply = self.store.scan_far(
-                    start_ms=filter.start_ms,
-                    end_ms=filter.end_ms,
-                    after=after,
-                    scan=min(scan, wanted),  # every row the table returns matches the structural filters
-                    queue=filter.queue,
-                    task=filter.task,
-                    id_prefix=filter.id_prefix,
-                    snapshot=snapshot,
-                )
-            else:
-                reply = self.store.scan_index(
-                    filter.state,
-                    shard,
-                    min_score=_score_bound(filter, "start"),
-                    max_score=_score_bound(filter, "end"),
-                    after=after,
-                    scan=scan,
-                    limit=wanted,
-                    queue=filter.queue,
-                    task=filter.task,
-                    id_prefix=filter.id_prefix,
-                    headers_only=headers_only and not filter.text,  # the text is searched in the payload
-                )
+            reply = self._scan_once(kind, shard, filter, after, scan, wanted, snapshot, headers_only)
             examined += reply.examined
             after = reply.last
             found.extend((position, info) for position, info in reply.matches if filter.matches_text(info))
@@ -340,6 +315,51 @@ class Operations:
             if reply.examined == 0:
                 break
         return IndexScan(examined, False, found, after)
+
+    def _scan_once(
+        self,
+        kind: Source,
+        shard: int,
+        filter: MessageFilter,
+        after: Position | None,
+        scan: int,
+        wanted: int,
+        snapshot: FarSnapshot | None,
+        headers_only: bool,
+    ) -> IndexScan:
+        """One bounded call on one source: up to ``scan`` entries examined, up to ``wanted`` structural matches."""
+        structural = {"queue": filter.queue, "task": filter.task, "id_prefix": filter.id_prefix}
+        if kind == "far":
+            return self.store.scan_far(
+                start_ms=filter.start_ms,
+                end_ms=filter.end_ms,
+                after=after,
+                scan=min(scan, wanted),  # every row the table returns matches the structural filters
+                snapshot=snapshot,
+                **structural,
+            )
+        if kind == "packs":
+            return self.store.scan_packs(
+                shard,
+                start_ms=filter.start_ms,
+                end_ms=filter.end_ms,
+                after=after,
+                scan=scan,
+                limit=wanted,
+                headers_only=headers_only,
+                **structural,
+            )
+        return self.store.scan_index(
+            filter.state,
+            shard,
+            min_score=_score_bound(filter, "start"),
+            max_score=_score_bound(filter, "end"),
+            after=after,
+            scan=scan,
+            limit=wanted,
+            headers_only=headers_only,
+            **structural,
+        )
 
     def _sort_key(self, kind: Source, position: Position, info: MessageInfo) -> tuple[int, str]:
         """Messages by their time on the state's index; packed ones at the start of their pack's slot, in the
@@ -516,7 +536,8 @@ def reschedule_one(store: DelayStore, id: str, due: datetime, framework: str | N
     ``framework``: the message's (``""`` when its envelope is unreadable), when the caller just read it (a
     filter's scan); it decides how the message is moved, never what is written back. None: read it here.
 
-    A Celery message carries its own eta, which moves with it in the same atomic step (otherwise a task moved
+    A message whose framework's adapter registered a rescheduler (:mod:`delay_broker.rescheduling`) is moved by
+    it: a Celery message carries its own eta, which moves with it in the same atomic step (otherwise a task moved
     earlier would wait in a worker for its old eta); that needs celery installed.
     """
     if framework is None:
@@ -524,12 +545,7 @@ def reschedule_one(store: DelayStore, id: str, due: datetime, framework: str | N
         if info is None or info.state != "due":
             return None
         framework = _framework(info)
-    if framework == "celery":
-        try:
-            from .celery.messages import reschedule_parked
-        except ImportError:
-            raise ConfigurationError(
-                "moving a Celery task rewrites its eta header, which needs celery installed"
-            ) from None
-        return reschedule_parked(store, id, due)  # reads it afresh: the eta goes into the payload stored now
+    rescheduler = rescheduler_for(framework)
+    if rescheduler is not None:
+        return rescheduler(store, id, due)  # reads it afresh: the rewrite goes into the payload stored now
     return store.reschedule(id, due=due)

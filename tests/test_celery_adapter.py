@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
+import subprocess
+import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -19,6 +22,7 @@ from kombu import Connection
 
 from delay_broker import ConfigurationError, DelayStore, Envelope
 from delay_broker.celery import TRANSPORT_REDIS, build_promoter, cancel, install, parse_options
+from delay_broker.celery.config import CHECKS, CeleryOptions
 from delay_broker.celery.messages import parse_celery_time
 from delay_broker.embedded import EmbeddedRedis
 
@@ -90,6 +94,15 @@ def store_of(app: Celery, server: EmbeddedRedis) -> DelayStore:
 def test_bad_options_are_refused_with_a_clear_message(raw: Any, message: str) -> None:
     with pytest.raises(ConfigurationError, match=message):
         parse_options(raw)
+
+
+def test_every_option_is_checked_and_takes_its_default() -> None:
+    """The table of checks covers every field of CeleryOptions (a field without one would be refused as unknown),
+    and each check takes the field's default back as it is."""
+    fields = dataclasses.fields(CeleryOptions)
+    assert list(CHECKS) == [field.name for field in fields]
+    for field in fields:
+        assert parse_options({field.name: field.default}) == CeleryOptions(), field.name
 
 
 def test_default_thresholds_per_transport() -> None:
@@ -460,6 +473,30 @@ def test_a_reschedule_that_meets_a_retry_parked_meanwhile_moves_the_retry(store:
     assert info is not None and info.envelope is not None
     headers = json.loads(info.envelope.payload)["headers"]
     assert headers["task"] == "tasks.retried" and maybe_iso8601(headers["eta"]) == due, "the retry, moved"
+
+
+def test_the_core_moves_a_celery_task_s_eta_without_importing_the_adapter(
+    redis_server: EmbeddedRedis, store: DelayStore, namespace: str
+) -> None:
+    """delay-broker reschedule and the dashboard run in processes that never import delay_broker.celery, and the
+    core imports no adapter: the adapter's rescheduler is found through its entry point, and moves the eta."""
+    store.park("task", celery_envelope("tasks.add", "task"), delay=3600)
+    due = (datetime.now(timezone.utc) + timedelta(minutes=5)).replace(microsecond=0)
+    code = (
+        "import sys, redis\n"
+        "from datetime import datetime\n"
+        "from delay_broker import DelayStore\n"
+        "from delay_broker.operations import reschedule_one\n"
+        f"store = DelayStore(redis.Redis.from_url({redis_server.url!r}), namespace={namespace!r})\n"
+        "assert not any(name.startswith('delay_broker.celery') for name in sys.modules), 'imported up front'\n"
+        f"print(reschedule_one(store, 'task', datetime.fromisoformat({due.isoformat()!r}), 'celery'))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert int(result.stdout) == int(due.timestamp() * 1000)
+    info = store.get("task")
+    assert info is not None and info.envelope is not None
+    assert maybe_iso8601(json.loads(info.envelope.payload)["headers"]["eta"]) == due, "the eta moved with it"
 
 
 def test_a_retry_of_a_task_revoked_while_it_ran_is_discarded_not_parked(store: DelayStore) -> None:

@@ -284,3 +284,22 @@ def test_the_text_filter_finds_what_json_escapes_in_a_dramatiq_message(client, n
     assert "\\" in store.get("wanted").envelope.payload.decode() or text.isascii()  # type: ignore[union-attr]
     found = [info.id for info in Operations(store).matches(MessageFilter(text=text))]
     assert found == ["wanted"]
+
+
+def test_a_message_whose_adapter_cannot_load_is_not_moved_without_it(store: DelayStore, monkeypatch) -> None:
+    """A framework whose adapter declares a rescheduler (an entry point) that cannot be imported here (its
+    framework not installed): moved by the store alone, the message would keep its old due time inside. Refused,
+    saying why, and left as it was."""
+    from importlib.metadata import EntryPoint
+
+    from delay_broker import ConfigurationError, rescheduling
+    from delay_broker.operations import reschedule_one
+
+    declared = EntryPoint("elsewhere", "no_such_framework_adapter:reschedule", rescheduling.ENTRY_POINT_GROUP)
+    monkeypatch.setattr(rescheduling, "_declared", {"elsewhere": declared})
+    store.park("job", Envelope(route="q", payload=b"{}", framework="elsewhere"), delay=3600)
+    due_ms = store.get("job").due_ms
+    with pytest.raises(ConfigurationError, match=r"moving a elsewhere message .* needs elsewhere installed"):
+        reschedule_one(store, "job", datetime.now(timezone.utc) + timedelta(minutes=1))
+    assert store.get("job").due_ms == due_ms
+    assert rescheduling.rescheduler_for("dramatiq") is None, "a framework without one: the store moves it"

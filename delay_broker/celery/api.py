@@ -1,4 +1,8 @@
-"""The adapter's public functions: enable it, check its configuration, build a promoter, cancel/reschedule."""
+"""The adapter's public functions: enable it, check its configuration, build a promoter, cancel/reschedule.
+
+The app's options, store and promoter are :mod:`delay_broker.celery.app`'s; their functions are importable from
+here too.
+"""
 
 from __future__ import annotations
 
@@ -7,55 +11,15 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from kombu.transport import pyamqp as kombu_pyamqp
-from kombu.transport import redis as kombu_redis
 
 from ..clock import delay_to_ms, ms_to_datetime
-from ..cron import CronScheduler
 from ..errors import ConfigurationError, InvalidDelay
-from ..promoter import Deliverer, DirectDeliverer, Promoter, PromoterListener
-from ..store import DelayStore, MessageInfo
-from .config import OPTIONS_KEY, CeleryOptions, Kind, check_threshold, kind_of_scheme, parse_options
-from .delivery import (
-    AllowedRoutes,
-    AmqpRepublisher,
-    RedisDirect,
-    VirtualRepublisher,
-    declared_amqp_routes,
-    declared_queues,
-    redis_priority_routes,
-)
+from ..store import MessageInfo
+from .app import app_options, build_promoter, store_for, transport_kind
+from .bootstep import PromoterStep
+from .config import OPTIONS_KEY, TRANSPORTS, CeleryOptions, Kind, check_threshold, kind_of_scheme, parse_options
 from .messages import parse_celery_time, reschedule_parked
-from .schedules import occurrence_builder, schedules_of
-from .stores import REDIS_KINDS, RouteBook, check_store, same_redis, shared_store, store_client
-
-
-def app_options(app: Any, **overrides: Any) -> CeleryOptions:
-    """The app's ``broker_transport_options["delay_broker"]``, with ``overrides``, checked."""
-    raw = dict((app.conf.broker_transport_options or {}).get(OPTIONS_KEY) or {})
-    raw.update(overrides)
-    return parse_options(raw)
-
-
-def transport_kind(app: Any) -> tuple[Kind, bool]:
-    """Which broker the app uses, and whether its ``broker_transport`` is one of ours."""
-    from .transport import DelayBrokerTransport
-
-    with app.connection_for_write() as connection:
-        try:
-            cls = connection.get_transport_cls()
-        except (KeyError, ImportError, ValueError, AttributeError) as error:
-            name = connection.transport_cls
-            raise ConfigurationError(f"cannot load the broker transport {name!r}: {error}") from None
-    if isinstance(cls, type) and issubclass(cls, DelayBrokerTransport):
-        return cls.delay_broker_kind, True
-    if isinstance(cls, type) and issubclass(cls, kombu_redis.SentinelTransport):
-        return "sentinel", False  # its driver_type is "redis"
-    kind = kind_of_scheme(str(getattr(cls, "driver_type", "")))
-    if kind is None:
-        raise ConfigurationError(
-            f"delay_broker supports the redis, sentinel, pyamqp and SQS transports, not {connection.transport_cls!r}"
-        )
-    return kind, False
+from .stores import check_store
 
 
 def validate(app: Any) -> CeleryOptions:
@@ -94,8 +58,6 @@ def validate(app: Any) -> CeleryOptions:
 
 
 def _transport_path(kind: Kind, scheme: str = "") -> str:
-    from .transport import TRANSPORTS
-
     return TRANSPORTS["amqps" if scheme.lower() == "amqps" else kind]
 
 
@@ -103,12 +65,6 @@ def _tls_transport(app: Any) -> bool:
     """Whether the app's broker transport is kombu's TLS one for AMQP (or ours of it)."""
     with app.connection_for_write() as connection:
         return issubclass(connection.get_transport_cls(), kombu_pyamqp.SSLTransport)
-
-
-def _amqp_tls(app: Any) -> bool:
-    """Whether the app reaches RabbitMQ over TLS: an ``amqps://`` URL (its own transport turns TLS on)."""
-    urls = str(app.conf.broker_write_url or app.conf.broker_url or "").split(";")
-    return any(urlsplit(url.strip()).scheme.lower() == "amqps" for url in urls)
 
 
 def install(app: Any, **options: Any) -> CeleryOptions:
@@ -142,63 +98,8 @@ def install(app: Any, **options: Any) -> CeleryOptions:
         # A refused install leaves the app as it was: a caller that catches the error keeps a working app.
         app.conf.broker_transport, app.conf.broker_transport_options = previous
         raise
-    from .bootstep import PromoterStep
-
     app.steps["worker"].add(PromoterStep)
     return checked
-
-
-def store_for(app: Any, options: CeleryOptions | None = None) -> DelayStore:
-    """The delay store of this app (shared by the process)."""
-    options = options or app_options(app)
-    kind, _ = transport_kind(app)
-    with app.connection_for_write() as connection:
-        return shared_store(options, kind, connection)
-
-
-def build_promoter(app: Any, *, listener: PromoterListener | None = None, **overrides: Any) -> Promoter:
-    """A promoter for this app's parked tasks (not started): ``.start()`` runs it in a thread, ``.run()``
-    in this one. ``overrides`` replace the app's options (``batch``, ``lease``, ``max_idle``, ...);
-    ``listener`` receives what it does (e.g. :class:`delay_broker.metrics.PromoterMetrics`)."""
-    options = app_options(app, **overrides)
-    kind, _ = transport_kind(app)
-    with app.connection_for_write() as connection:
-        client = store_client(options, kind, connection)  # its own client: the promoter blocks on it
-        direct = same_redis(options, kind, connection)
-    store = DelayStore(client, **options.store_options())
-    queues = declared_queues(app, options.queues)
-    book = RouteBook(store)
-    transport_options = dict(app.conf.broker_transport_options or {})
-    deliverer: Deliverer | DirectDeliverer
-    if kind in REDIS_KINDS:
-        routes, sep = redis_priority_routes(queues, transport_options)
-        allowed = AllowedRoutes(routes, book)
-        if direct:
-            deliverer = RedisDirect(allowed, transport_options)
-        else:
-            # kombu's stock transport of the same kind ("redis" or "sentinel"): ours would park it again.
-            stock = kind
-            deliverer = VirtualRepublisher(lambda: app.connection_for_write(transport=stock), allowed, sep)
-    elif kind == "sqs":
-        deliverer = VirtualRepublisher(lambda: app.connection_for_write(transport="sqs"), AllowedRoutes(queues, book))
-    else:
-        deliverer = AmqpRepublisher(
-            lambda: app.connection_for_write(
-                transport="amqps" if _amqp_tls(app) else "pyamqp", transport_options={"confirm_publish": True}
-            ),
-            AllowedRoutes(declared_amqp_routes(app, queues), book),
-        )
-    schedules = schedules_of(app)
-    return Promoter(
-        store,
-        deliverer,
-        batch=options.batch,
-        lease=options.lease,
-        max_idle=options.max_idle,
-        listener=listener,
-        # Always a scheduler: schedules stored at runtime reach workers that declare none in code.
-        cron=CronScheduler(store, schedules.values(), builder=lambda call: occurrence_builder(app, call)),
-    )
 
 
 # -- parked tasks by id -------------------------------------------------------------------------------------------
@@ -234,3 +135,16 @@ def reschedule(
         due = parsed
     due_ms = reschedule_parked(store, task_id, due)
     return None if due_ms is None else ms_to_datetime(due_ms)
+
+
+__all__ = [
+    "app_options",
+    "build_promoter",
+    "cancel",
+    "get",
+    "install",
+    "reschedule",
+    "store_for",
+    "transport_kind",
+    "validate",
+]

@@ -8,6 +8,7 @@ from typing import Any
 from celery import bootsteps
 
 from ..promoter import Promoter
+from .app import app_options, build_promoter
 
 logger = logging.getLogger("delay_broker.celery")
 
@@ -29,8 +30,6 @@ class PromoterStep(bootsteps.StartStopStep):  # type: ignore[misc]
         self.metrics_server: Any = None
 
     def include_if(self, parent: Any) -> bool:
-        from .api import app_options
-
         options = app_options(parent.app)
         return options.enabled and options.promoter
 
@@ -38,8 +37,6 @@ class PromoterStep(bootsteps.StartStopStep):  # type: ignore[misc]
         return None
 
     def start(self, parent: Any) -> None:
-        from .api import app_options, build_promoter
-
         port = app_options(parent.app).metrics_port
         self.promoter = build_promoter(parent.app)
         if port is not None:

@@ -39,7 +39,7 @@ def delay_broker_command() -> None:
 @click.pass_context
 def promote(ctx: click.Context, batch: int | None, lease: float | None, max_idle: float | None) -> None:
     """Run a promoter in this process until interrupted (SIGINT/SIGTERM stop it after its batch)."""
-    from ..cli import run_until_signalled
+    from ..running import run_until_signalled
     from .api import build_promoter
 
     overrides: dict[str, Any] = {

@@ -12,7 +12,7 @@ import logging
 import math
 import numbers
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -45,7 +45,15 @@ RABBITMQ_CONSUMER_TIMEOUT = 1800.0
 """RabbitMQ's default ``consumer_timeout`` (30 min): a delivery left unacknowledged longer makes the broker
 close the channel and redeliver everything it held. Set on the server, so a client cannot read it."""
 
-"""Our multi-host store URLs (see :mod:`delay_broker.connect`)."""
+TRANSPORT_MODULE = "delay_broker.celery.transport"
+TRANSPORTS: dict[str, str] = {
+    "redis": f"{TRANSPORT_MODULE}:RedisTransport",
+    "sentinel": f"{TRANSPORT_MODULE}:SentinelTransport",
+    "amqp": f"{TRANSPORT_MODULE}:AmqpTransport",
+    "amqps": f"{TRANSPORT_MODULE}:AmqpSSLTransport",
+    "sqs": f"{TRANSPORT_MODULE}:SQSTransport",
+}
+"""The ``broker_transport`` value for each kind of broker (``amqps``: RabbitMQ over TLS)."""
 
 
 @dataclass(frozen=True)
@@ -98,28 +106,51 @@ class CeleryOptions:
         return DEFAULT_THRESHOLDS[kind] if self.threshold is None else self.threshold
 
 
+Check = Callable[[str, object], Any]
+"""Checks one option: ``(name, value)`` -> the parsed value, or a ConfigurationError naming the option."""
+
+
 def _bool(name: str, value: object) -> bool:
     if not isinstance(value, bool):
         raise ConfigurationError(f"delay_broker option {name!r} must be True or False, got {value!r}")
     return value
 
 
-def _seconds(name: str, value: object, *, minimum: float, inclusive: bool) -> float:
-    if isinstance(value, bool) or not isinstance(value, numbers.Real):
-        raise ConfigurationError(
-            f"delay_broker option {name!r} must be a number of seconds, got {type(value).__name__} {value!r}"
-        )
-    seconds = float(value)
-    if math.isnan(seconds) or math.isinf(seconds) or seconds < minimum or (not inclusive and seconds == minimum):
-        relation = ">=" if inclusive else ">"
-        raise ConfigurationError(f"delay_broker option {name!r} must be finite and {relation} {minimum}, got {value!r}")
-    return seconds
+def _seconds(minimum: float, *, inclusive: bool) -> Check:
+    """A finite number of seconds from ``minimum`` (or above it, when not ``inclusive``)."""
+
+    def check(name: str, value: object) -> float:
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            raise ConfigurationError(
+                f"delay_broker option {name!r} must be a number of seconds, got {type(value).__name__} {value!r}"
+            )
+        seconds = float(value)
+        if not math.isfinite(seconds) or seconds < minimum or (not inclusive and seconds == minimum):
+            relation = ">=" if inclusive else ">"
+            raise ConfigurationError(
+                f"delay_broker option {name!r} must be finite and {relation} {minimum}, got {value!r}"
+            )
+        return seconds
+
+    return check
 
 
-def _int(name: str, value: object, low: int, high: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise ConfigurationError(f"delay_broker option {name!r} must be an integer from {low} to {high}, got {value!r}")
-    return value
+def _int(low: int, high: int) -> Check:
+    """An integer from ``low`` to ``high``."""
+
+    def check(name: str, value: object) -> int:
+        if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+            raise ConfigurationError(
+                f"delay_broker option {name!r} must be an integer from {low} to {high}, got {value!r}"
+            )
+        return value
+
+    return check
+
+
+def _optional(check: Check) -> Check:
+    """``check``, with None allowed (the option's default: not set)."""
+    return lambda name, value: None if value is None else check(name, value)
 
 
 def check_redis_url(url: object, what: str = "redis_url") -> str:
@@ -133,69 +164,79 @@ def check_redis_url(url: object, what: str = "redis_url") -> str:
         raise ConfigurationError(f"delay_broker option {what!r}: {error}") from None
 
 
+def _namespace(name: str, value: object) -> str:
+    if not isinstance(value, str):
+        raise ConfigurationError(f"delay_broker option {name!r} must be a string, got {value!r}")
+    try:
+        Keyspace(value)
+    except ValueError as error:
+        raise ConfigurationError(f"delay_broker option {name!r}: {error}") from None
+    return value
+
+
+def _far_tier(name: str, value: object) -> str | None:
+    if value is not None and not (isinstance(value, str) and value.startswith(("postgresql://", "postgres://"))):
+        raise ConfigurationError(f"delay_broker option {name!r} must be a postgresql:// URL, got {value!r}")
+    return value
+
+
+def _consumer_timeout(name: str, value: object) -> float | Literal[False] | None:
+    # False: the server's consumer_timeout is turned off; None: RabbitMQ's default.
+    if value is None or value is False:
+        return value
+    seconds: float = _seconds(0.0, inclusive=False)(name, value)
+    return seconds
+
+
+def _queues(name: str, value: object) -> tuple[str, ...]:
+    if isinstance(value, str) or not isinstance(value, list | tuple | set | frozenset):
+        raise ConfigurationError(f"delay_broker option {name!r} must be a list of queue names, got {value!r}")
+    if not all(isinstance(item, str) and item for item in value):
+        raise ConfigurationError(f"delay_broker option {name!r} must hold non-empty strings, got {value!r}")
+    return tuple(sorted(value))
+
+
+CHECKS: dict[str, Check] = {
+    "enabled": _bool,
+    "redis_url": _optional(lambda _, value: check_redis_url(value)),
+    "namespace": _namespace,
+    "threshold": _optional(_seconds(0.0, inclusive=True)),
+    "promoter": _bool,
+    "batch": _int(1, 1000),
+    "lease": _seconds(0.0, inclusive=False),
+    "max_idle": _seconds(0.0, inclusive=False),
+    "max_attempts": _int(1, 1000),
+    "queues": _queues,
+    "revoke": _bool,
+    "reliable_fetch": _bool,
+    "metrics_port": _optional(_int(0, 65535)),
+    "shards": _optional(_int(1, MAX_SHARDS)),
+    "replicas": _int(0, 100),
+    "replica_timeout": _seconds(0.0, inclusive=False),
+    "max_delay": _optional(_seconds(0.0, inclusive=False)),
+    "dead_max_count": _optional(_int(0, 2**53)),
+    "dead_max_age": _optional(_seconds(0.0, inclusive=False)),
+    "consumer_timeout": _consumer_timeout,
+    "far_tier": _far_tier,
+    "far_horizon": _optional(_seconds(0.0, inclusive=False)),
+    "max_payload_bytes": _int(1, 512 * 1024 * 1024),  # Redis's largest string
+    "pack_after": _optional(_seconds(10.0, inclusive=True)),
+}
+"""How each option of :class:`CeleryOptions` is checked, in its order."""
+
+
 def parse_options(raw: object) -> CeleryOptions:
     """Check and parse the ``delay_broker`` sub-dictionary; raises ConfigurationError on any problem."""
     if raw is None:
         return CeleryOptions()
     if not isinstance(raw, Mapping):
         raise ConfigurationError(f"broker_transport_options[{OPTIONS_KEY!r}] must be a dict, got {type(raw).__name__}")
-    known = set(CeleryOptions.__dataclass_fields__)
-    unknown = sorted(str(key) for key in raw if key not in known)
+    unknown = sorted(str(key) for key in raw if key not in CHECKS)
     if unknown:
         raise ConfigurationError(
-            f"unknown delay_broker option(s) {', '.join(map(repr, unknown))}; known: {', '.join(sorted(known))}"
+            f"unknown delay_broker option(s) {', '.join(map(repr, unknown))}; known: {', '.join(sorted(CHECKS))}"
         )
-    values: dict[str, Any] = {}
-    for name, value in raw.items():
-        if name in ("enabled", "promoter", "revoke", "reliable_fetch"):
-            values[name] = _bool(name, value)
-        elif name == "redis_url":
-            values[name] = None if value is None else check_redis_url(value)
-        elif name == "namespace":
-            if not isinstance(value, str):
-                raise ConfigurationError(f"delay_broker option 'namespace' must be a string, got {value!r}")
-            try:
-                Keyspace(value)
-            except ValueError as error:
-                raise ConfigurationError(f"delay_broker option 'namespace': {error}") from None
-            values[name] = value
-        elif name == "threshold":
-            values[name] = None if value is None else _seconds(name, value, minimum=0.0, inclusive=True)
-        elif name in ("lease", "max_idle", "replica_timeout"):
-            values[name] = _seconds(name, value, minimum=0.0, inclusive=False)
-        elif name == "far_tier":
-            if value is not None and not (
-                isinstance(value, str) and value.startswith(("postgresql://", "postgres://"))
-            ):
-                raise ConfigurationError(f"delay_broker option 'far_tier' must be a postgresql:// URL, got {value!r}")
-            values[name] = value
-        elif name in ("max_delay", "dead_max_age", "far_horizon"):
-            values[name] = None if value is None else _seconds(name, value, minimum=0.0, inclusive=False)
-        elif name == "pack_after":
-            values[name] = None if value is None else _seconds(name, value, minimum=10.0, inclusive=True)
-        elif name == "dead_max_count":
-            values[name] = None if value is None else _int(name, value, 0, 2**53)
-        elif name == "max_payload_bytes":
-            values[name] = _int(name, value, 1, 512 * 1024 * 1024)  # Redis's largest string
-        elif name == "consumer_timeout":
-            # False: the server's consumer_timeout is turned off; None: RabbitMQ's default.
-            off = value is None or value is False
-            values[name] = value if off else _seconds(name, value, minimum=0.0, inclusive=False)
-        elif name in ("batch", "max_attempts"):
-            values[name] = _int(name, value, 1, 1000)
-        elif name == "metrics_port":
-            values[name] = None if value is None else _int(name, value, 0, 65535)
-        elif name == "shards":
-            values[name] = None if value is None else _int(name, value, 1, MAX_SHARDS)
-        elif name == "replicas":
-            values[name] = _int(name, value, 0, 100)
-        elif name == "queues":
-            if isinstance(value, str) or not isinstance(value, list | tuple | set | frozenset):
-                raise ConfigurationError(f"delay_broker option 'queues' must be a list of queue names, got {value!r}")
-            if not all(isinstance(item, str) and item for item in value):
-                raise ConfigurationError(f"delay_broker option 'queues' must hold non-empty strings, got {value!r}")
-            values[name] = tuple(sorted(value))
-    return CeleryOptions(**values)
+    return CeleryOptions(**{name: CHECKS[name](name, value) for name, value in raw.items()})
 
 
 _warned: set[tuple[str, float, float]] = set()

@@ -22,7 +22,11 @@ from kombu.utils import json as _kombu_json
 
 from ..envelope import Envelope
 from ..errors import DelayBrokerError
+from ..rescheduling import register
 from ..store import DelayStore
+
+FRAMEWORK = "celery"
+"""The ``framework`` of the envelopes this adapter parks."""
 
 # kombu's JSON codec (it round-trips datetimes, UUIDs and decimals with type tags; never pickle).
 dumps: Callable[[Any], str] = _kombu_json.dumps
@@ -229,3 +233,6 @@ def reschedule_parked(store: DelayStore, task_id: str, due: datetime) -> int | N
         if moved is not None:
             return moved
     raise DelayBrokerError(f"task {task_id!r} kept being parked again while it was rescheduled: try again")
+
+
+register(FRAMEWORK, reschedule_parked)  # the core's operations move Celery messages with it (see rescheduling)

@@ -16,12 +16,10 @@ from ..envelope import Envelope
 from ..errors import DelayBrokerError, StoreUnavailable
 from ..store import DelayStore
 from .config import CeleryOptions, Kind
-from .messages import TaskInfo
+from .messages import FRAMEWORK, TaskInfo
 from .stores import RouteBook, shared_store
 
 logger = logging.getLogger("delay_broker.celery")
-
-FRAMEWORK = "celery"
 
 _captured: ContextVar[list[Envelope] | None] = ContextVar("delay_broker_captured", default=None)
 

@@ -2,24 +2,22 @@
 
 Each occurrence's message is made by Celery itself (``app.send_task`` with ``eta=`` the occurrence), caught
 by the delay_broker transport before it is sent (:func:`~delay_broker.celery.parking.capture_parked`), so
-it carries exactly what a task sent by hand would: routing, headers, serializer, options.
+it carries exactly what a task sent by hand would: routing, headers, serializer, options (see
+:mod:`delay_broker.celery.occurrences`, which the promoter uses).
 """
 
 from __future__ import annotations
 
-import weakref
 from collections.abc import Sequence
 from datetime import datetime, timedelta, tzinfo
 from typing import Any
 
-from ..cron import Build, Schedule
-from ..envelope import Envelope
-from ..errors import ConfigurationError, DelayBrokerError
+from ..cron import Schedule
+from ..errors import ConfigurationError
 from ..schedule_defs import ScheduledCall
 from ..schedules import RuntimeSchedules
-from .parking import capture_parked
-
-_registry: weakref.WeakKeyDictionary[Any, dict[str, Schedule]] = weakref.WeakKeyDictionary()
+from .app import store_for
+from .occurrences import declare, occurrence_builder, schedules_of
 
 
 def schedule(
@@ -55,54 +53,14 @@ def schedule(
     build = occurrence_builder(app, ScheduledCall(task_name, tuple(args), dict(kwargs or {}), options))
     zone = timezone or app.conf.timezone or "UTC"
     created = Schedule.create(name or task_name, cron, build, zone, every=every, start=start, end=end)
-    schedules = _registry.setdefault(app, {})
-    if created.name in schedules:
-        raise ConfigurationError(f"there is already a schedule named {created.name!r}: give this one a name")
-    schedules[created.name] = created
+    declare(app, created)
     return created
-
-
-def occurrence_builder(app: Any, call: ScheduledCall) -> Build:
-    """Makes each occurrence's message with Celery itself (``send_task`` with the occurrence's id and eta)."""
-
-    def build(id: str, due: datetime) -> Envelope:
-        options = dict(call.options)
-        expires = _expires_at(app, call, due)
-        if expires is not None:
-            options["expires"] = expires
-        with capture_parked() as captured:
-            app.send_task(call.task, args=call.args, kwargs=dict(call.kwargs), task_id=id, eta=due, **options)
-        if len(captured) != 1:
-            raise DelayBrokerError(
-                f"the occurrence of {call.task!r} was not caught by a delay_broker transport: is it enabled?"
-            )
-        return captured[0]
-
-    return build
-
-
-def _expires_at(app: Any, call: ScheduledCall, due: datetime) -> datetime | None:
-    """A relative ``expires`` (seconds or a timedelta, the call's or else its task's) as the time it ends,
-    counted from the occurrence: Celery counts it from the send, which for an occurrence is its build, a period
-    ahead, so every occurrence would expire before it is due (beat sends at the due time)."""
-    expires = (
-        call.options["expires"] if "expires" in call.options else getattr(app.tasks.get(call.task), "expires", None)
-    )
-    if isinstance(expires, timedelta):
-        return due + expires
-    if isinstance(expires, int | float) and not isinstance(expires, bool):
-        return due + timedelta(seconds=expires)
-    return None  # none, or already a point in time
-
-
-def schedules_of(app: Any) -> dict[str, Schedule]:
-    """The recurring schedules declared for ``app``, by name."""
-    return dict(_registry.get(app, {}))
 
 
 def runtime_schedules(app: Any) -> RuntimeSchedules:
     """Schedules managed at runtime (add, change, pause, resume, run now, remove) in the app's delay store; a
     call's ``task`` is a task name. Every worker's promoter runs them, as it runs declared ones."""
-    from .api import store_for
-
     return RuntimeSchedules(store_for(app), declared=lambda: schedules_of(app))
+
+
+__all__ = ["occurrence_builder", "runtime_schedules", "schedule", "schedules_of"]

@@ -11,13 +11,13 @@ from kombu.utils.json import dumps
 from ..errors import PayloadTooLarge
 from ..sqs_errors import MAX_MESSAGE_BYTES
 from ..sqs_limits import LIMITS, SMALLEST_QUEUE_LIMIT, maximum_message_size
-from .transport import DelayBrokerTransport, WatchesRevokes, _park_virtual
+from .channels import DelayBrokerTransport, WatchesRevokes, park_virtual
 
 
 class SQSChannel(WatchesRevokes, kombu_sqs.Channel):
     def _put(self, queue: str, message: dict[str, Any], **kwargs: Any) -> Any:
         # SQS has no priority lists: the route is the kombu queue name (before the queue-name prefix).
-        if _park_virtual(self, queue, message, queue, lambda parked: self._refuse_what_sqs_would(queue, parked)):
+        if park_virtual(self, queue, message, queue, lambda parked: self._refuse_what_sqs_would(queue, parked)):
             return None
         return super()._put(queue, message, **kwargs)  # type: ignore[no-untyped-call]
 

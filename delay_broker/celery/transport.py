@@ -17,82 +17,22 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Callable
-from typing import Any, ClassVar
+from typing import Any
 
 from celery.signals import worker_init
 from kombu.transport import pyamqp as kombu_pyamqp
 from kombu.transport import redis as kombu_redis
 
-from .config import CeleryOptions, Kind, check_threshold, options_of
+from .channels import PIDBOX_SUFFIX as PIDBOX_SUFFIX
+from .channels import DelayBrokerTransport, WatchesRevokes, park_virtual, watch_control
+from .config import TRANSPORTS as TRANSPORTS
 from .fetch import ReliableFetch
-from .messages import amqp_route, encode_amqp, encode_virtual, revoked_ids, task_info
+from .messages import amqp_route, encode_amqp, task_info
 from .parking import Parker, capturing
 
 logger = logging.getLogger("delay_broker.celery")
 
-PIDBOX_SUFFIX = ".pidbox"
-"""Celery's control exchange is ``<control_exchange>.pidbox`` (``celery.pidbox`` by default)."""
-
-
-class DelayBrokerTransport:
-    """What our transports add to kombu's: the parsed options and the parker (None when disabled).
-
-    Options are checked in ``__init__``, which runs when a worker starts (before its banner) and on a
-    producer's first publish: a bad option stops the process with a clear message. So is the threshold against
-    the broker's visibility timeout (see :func:`~delay_broker.celery.config.check_threshold`).
-    """
-
-    delay_broker_kind: ClassVar[Kind]
-    delay_broker: Parker | None
-    delay_broker_options: CeleryOptions
-
-    def __init__(self, client: Any, **kwargs: Any) -> None:
-        super().__init__(client, **kwargs)  # type: ignore[call-arg]
-        options = options_of(client.transport_options)
-        check_threshold(options, self.delay_broker_kind, client.transport_options)
-        self.delay_broker_options = options
-        self.delay_broker = Parker.for_connection(options, self.delay_broker_kind, client) if options.enabled else None
-
-
 # -- virtual transports ---------------------------------------------------------------------------------------
-
-
-def _park_virtual(
-    channel: Any, queue: str, message: dict[str, Any], route: str, check: Callable[[dict[str, Any]], None] | None = None
-) -> bool:
-    """Park a message ``Channel._put`` was given, if it is a task due later than the threshold. ``check`` sees
-    the message before it is parked and raises to refuse it as the transport would when it is due."""
-    parker: Parker | None = channel.connection.delay_broker
-    if parker is None or message.get("redelivered"):
-        # A restored/redelivered message (SQS reject, recover) was already delivered once: never park it.
-        return False
-    info = task_info(message.get("headers"))
-    due = parker.due_if_parked(info)
-    if info is None or due is None:
-        return False
-    if check is not None:
-        check(message)
-    return parker.park(info, due, route, encode_virtual(message), {"queue": queue})
-
-
-def _watch_control(channel_parker: Parker | None, exchange: str, body: Any, content_type: Any, encoding: Any) -> None:
-    if channel_parker is not None and exchange and exchange.endswith(PIDBOX_SUFFIX):
-        channel_parker.cancel_revoked(revoked_ids(body, content_type, encoding))
-
-
-class WatchesRevokes:
-    """Virtual channels: cancel parked tasks named by a ``revoke`` broadcast this process publishes.
-
-    ``basic_publish`` sees the pidbox broadcast before routing; on SQS (no fanout) it is the only place.
-    """
-
-    connection: Any
-
-    def basic_publish(self, message: dict[str, Any], exchange: str, routing_key: str, **kwargs: Any) -> Any:
-        body, ctype, cenc = message.get("body"), message.get("content-type"), message.get("content-encoding")
-        _watch_control(self.connection.delay_broker, exchange, body, ctype, cenc)
-        return super().basic_publish(message, exchange, routing_key, **kwargs)  # type: ignore[misc]
 
 
 class ParksRedisPuts(WatchesRevokes):
@@ -102,7 +42,7 @@ class ParksRedisPuts(WatchesRevokes):
     def _put(self, queue: str, message: dict[str, Any], **kwargs: Any) -> Any:
         priority = self._get_message_priority(message, reverse=False)  # type: ignore[attr-defined]
         route: str = self._q_for_pri(queue, priority)  # type: ignore[attr-defined]
-        if _park_virtual(self, queue, message, route):
+        if park_virtual(self, queue, message, route):
             # Parked directly, not inside a kombu publish batch (Celery itself never batches).
             kwargs.pop("_publish_batch", None)
             return None
@@ -172,7 +112,7 @@ class AmqpChannel(kombu_pyamqp.Channel):
         if parker is None:
             return False
         properties = msg.properties
-        _watch_control(parker, exchange, msg.body, properties.get("content_type"), properties.get("content_encoding"))
+        watch_control(parker, exchange, msg.body, properties.get("content_type"), properties.get("content_encoding"))
         if NATIVE_DELAY_EXCHANGE.search(exchange):
             # Celery's native delayed delivery (quorum queues): RabbitMQ holds the message in its delay
             # exchanges, not a worker, and the routing key encodes the delay; parked, it would be delayed twice.
@@ -256,13 +196,3 @@ def _add_promoter_step(sender: Any = None, **kwargs: Any) -> None:
 
 
 worker_init.connect(_add_promoter_step, weak=False, dispatch_uid="delay_broker.celery.promoter_step")
-
-
-TRANSPORTS: dict[str, str] = {
-    "redis": f"{__name__}:RedisTransport",
-    "sentinel": f"{__name__}:SentinelTransport",
-    "amqp": f"{__name__}:AmqpTransport",
-    "amqps": f"{__name__}:AmqpSSLTransport",
-    "sqs": f"{__name__}:SQSTransport",
-}
-"""The ``broker_transport`` value for each kind of broker."""

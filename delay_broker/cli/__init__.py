@@ -3,28 +3,22 @@
 The commands are in the modules of this package, one per command group (they need click and rich):
 :mod:`.common` (the options every command shares), :mod:`.inspect` (stats, ls, show), :mod:`.actions`
 (cancel, reschedule), :mod:`.dead`, :mod:`.cron`, :mod:`.serve` (promote, metrics), :mod:`.demo`; :mod:`.app`
-attaches them to the group. This module imports without click, because the Celery adapter's ``celery
-delay-broker`` command uses :func:`run_until_signalled` from here.
+attaches them to the group. This module imports without click. The process helpers (:func:`run_until_signalled`
+and its friends) live in :mod:`delay_broker.running`, which the Celery adapter's ``celery delay-broker`` command
+uses too; they are re-exported here.
 """
 
 from __future__ import annotations
 
-import contextlib
-import logging
 import sys
-import threading
-from collections.abc import Callable, Iterator
-from typing import Any
 
-from ..stop_flag import StopFlag
+from ..running import LOG_FORMAT, configure_logging, import_object, on_stop_signals, run_until_signalled
 
 try:
     import click
     import rich  # noqa: F401  (only checked for here; the command modules use it)
 except ImportError:  # pragma: no cover - depends on the install
     click = None  # type: ignore[assignment]
-
-LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
 def main() -> None:
@@ -35,87 +29,16 @@ def main() -> None:
     cli()
 
 
-def import_object(path: str) -> Any:
-    """Import ``package.module:attribute`` (or ``package.module.attribute``).
-
-    Raises ValueError, saying why, when ``path`` is malformed, its module cannot be imported or it has no such
-    attribute: the command line named something that is not there (a usage error).
-    """
-    import importlib
-
-    module_name, _, attribute = path.partition(":") if ":" in path else path.rpartition(".")
-    if not module_name or not attribute:
-        raise ValueError(f"expected MODULE:NAME (e.g. myapp.tasks:broker), got {path!r}")
-    sys.path.insert(0, ".")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as error:
-        raise ValueError(f"cannot import {module_name!r}: {error}") from None
-    try:
-        return getattr(module, attribute)
-    except AttributeError:
-        raise ValueError(f"{module_name!r} has no attribute {attribute!r}") from None
-
-
-def configure_logging(level: str | int = "INFO") -> None:
-    """Log to stderr (if the application has not set logging up) and put the ``delay_broker`` logger at
-    ``level``: promoter start/stop, Redis lost/regained and dead letters are INFO and WARNING lines."""
-    numeric = logging.getLevelName(level.upper()) if isinstance(level, str) else level
-    if not isinstance(numeric, int):
-        raise ValueError(f"unknown log level {level!r}")
-    logging.basicConfig(level=numeric, format=LOG_FORMAT)
-    logging.getLogger("delay_broker").setLevel(numeric)
-
-
-@contextlib.contextmanager
-def on_stop_signals(callback: Callable[[], None]) -> Iterator[None]:
-    """Call ``callback`` on SIGINT or SIGTERM while inside; the previous handlers are put back after."""
-    import signal
-
-    previous = {signum: signal.signal(signum, lambda *_: callback()) for signum in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
-
-
-def run_until_signalled(promoter: Any, *, log_level: str | int | None = "INFO") -> None:
-    """Run a promoter until SIGINT or SIGTERM, which stop it after the batch in hand.
-
-    ``log_level=None`` leaves logging as the caller set it up.
-    """
-    if log_level is not None:
-        configure_logging(log_level)
-    signalled = StopFlag()
-    failed: list[BaseException] = []
-
-    def run() -> None:
-        try:
-            promoter.run()
-        except BaseException as error:  # raised again below, as if run() had been called here
-            failed.append(error)
-
-    # The promoter in a thread of its own, so that this one, out of the signal handler, can stop it with stop():
-    # that also wakes a promoter asleep in a BLPOP of up to max_idle, which no handler may do (the handler would
-    # share the client's connection pool, and its lock, with the code it interrupted).
-    thread = threading.Thread(target=run, name=f"delay-broker-promoter-{promoter.id}", daemon=True)
-    with on_stop_signals(signalled.set):
-        thread.start()
-        try:
-            while thread.is_alive() and not signalled.wait(1.0):
-                pass
-        finally:
-            try:
-                promoter.stop(timeout=None)
-            finally:
-                thread.join()
-    if failed:
-        raise failed[0]
-
-
 if click is not None:
     # Re-exported: ``delay_broker.cli.cli`` is the click group.
     from .app import cli
 
-__all__ = ["cli", "configure_logging", "import_object", "main", "run_until_signalled"]
+__all__ = [
+    "LOG_FORMAT",
+    "cli",
+    "configure_logging",
+    "import_object",
+    "main",
+    "on_stop_signals",
+    "run_until_signalled",
+]

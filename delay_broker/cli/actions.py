@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Sequence
+from datetime import datetime
 
 import click
 from rich.text import Text
@@ -15,6 +16,7 @@ from ..store import MessageInfo
 from .common import (
     STATE_WORDS,
     FilterArgs,
+    Session,
     act_on_filter,
     confirm,
     confirm_option,
@@ -136,14 +138,7 @@ def reschedule(
     if sum(option is not None and option is not False for option in (in_, at, now)) != 1:
         raise click.UsageError("give exactly one of --in DURATION, --at TIME and --now")
     session = open_session(redis_url, namespace, as_json)
-    try:
-        if at is not None:
-            due = parse_iso(at)
-        else:
-            # The Redis clock, like every relative delay.
-            due = ms_to_datetime(session.store.now_ms() + delay_to_ms(0 if now else parse_duration(in_ or "")))
-    except ValueError as error:
-        raise click.BadParameter(str(error), param_hint="--in/--at") from None
+    due = due_time(session, in_, at, now)
     verb = "run now" if now else "reschedule"
     if act_on_filter(
         session,
@@ -157,6 +152,22 @@ def reschedule(
         return
     if not id:
         raise click.UsageError("give the ID to move, or a filter: --queue, --task, --id-prefix, --text, --from/--to")
+    reschedule_message(session, id, due)
+
+
+def due_time(session: Session, in_: str | None, at: str | None, now: bool) -> datetime:
+    """The new due time ``--in``, ``--at`` or ``--now`` gives (relative ones by the Redis clock)."""
+    try:
+        if at is not None:
+            return parse_iso(at)
+        # The Redis clock, like every relative delay.
+        return ms_to_datetime(session.store.now_ms() + delay_to_ms(0 if now else parse_duration(in_ or "")))
+    except ValueError as error:
+        raise click.BadParameter(str(error), param_hint="--in/--at") from None
+
+
+def reschedule_message(session: Session, id: str, due: datetime) -> None:
+    """Move the parked message ``id`` to ``due`` (a Celery task's eta with it) and say where it is now."""
     info = get_message(session, id)
     if info.state != "due":
         hint = " (use: delay-broker dead requeue ID)" if info.state == "dead" else ""
@@ -172,7 +183,7 @@ def reschedule(
         ) from None
     if due_ms is None:
         raise click.ClickException(f"message {printable(id)!r} could not be rescheduled: it was promoted meanwhile")
-    if as_json:
+    if session.as_json:
         emit_json({"id": id, "due_ms": due_ms, "due": iso_time(due_ms)})
     else:
         store_now = session.store.now_ms()

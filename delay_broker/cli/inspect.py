@@ -14,7 +14,7 @@ from rich.text import Text
 
 from ..connect import describe as describe_client
 from ..decoding import escape_bytes
-from ..operations import Operations
+from ..operations import MessageFilter, Operations
 from ..store import MessageInfo, StoreStats
 from .common import (
     MAX_PAGE,
@@ -149,7 +149,6 @@ def list_page(
 ) -> None:
     now = session.store.now_ms()
     filter = filters.to_filter(session, state)
-    start_ms, end_ms = filter.start_ms, filter.end_ms
     # Queue, task, id and text filters go through the operations layer; a time window alone is a plain range.
     filtered = any((filters.queue, filters.task, filters.id_prefix, filters.text, cursor))
     # By cursor unless an offset is asked for: an offset counts from the head, which promotions move meanwhile,
@@ -157,28 +156,19 @@ def list_page(
     by_cursor = filtered or not offset
     next_cursor: str | None = None
     if by_cursor:
-        # The operations layer: a bounded scan, page after page by cursor (an offset would rescan).
-        if offset:
-            raise click.UsageError("with --queue/--task/--id-prefix/--text, page with --cursor, not --offset")
-        try:
-            page = Operations(session.store).find(filter, cursor=cursor, limit=limit, headers_only=True)
-        except UnicodeEncodeError:
-            raise  # a filter's text Redis cannot take, not the cursor: reports_errors says so
-        except ValueError as error:
-            raise click.BadParameter(str(error), param_hint="--cursor") from None
-        infos, next_cursor = page.messages, page.cursor
+        infos, next_cursor = find_page(session, filter, offset, limit, cursor)
         more = next_cursor is not None
     else:
         infos = session.store.list_messages(
-            state, start_ms=start_ms, end_ms=end_ms, offset=offset, count=limit, headers_only=True
+            state, start_ms=filter.start_ms, end_ms=filter.end_ms, offset=offset, count=limit, headers_only=True
         )
         more = len(infos) == limit
     if session.as_json:
         record: dict[str, Any] = {
             "namespace": session.namespace,
             "state": state,
-            "from_ms": start_ms,
-            "to_ms": end_ms,
+            "from_ms": filter.start_ms,
+            "to_ms": filter.end_ms,
             "offset": offset,
             "limit": limit,
             "next_offset": offset + len(infos) if more and not filtered else None,
@@ -190,26 +180,46 @@ def list_page(
             record.update(filter=describe_filter(filter))
         emit_json(record)
         return
-    table = message_table(session, state, infos, now)
-    console = session.console
     if not infos:
         ending = " match." if filtered else " in that range." if filters.windowed else "."
-        console.print(f"No {STATE_WORDS[state]} messages{ending}")
-        if offset:
-            console.print(f"(offset {offset}: past the last page?)")
-        elif not cursor and unused(session.store.stats()):
-            console.print(Text(empty_namespace_hint(session)))
+        print_nothing_found(session, f"No {STATE_WORDS[state]} messages{ending}", offset, cursor)
         return
-    console.print(table)
+    session.console.print(message_table(session, state, infos, now))
     shown = f"Showing {len(infos)} matching {describe_filter(filter)}" if filtered else f"Showing {len(infos)}"
     if not by_cursor:
         shown = f"Showing {offset + 1}-{offset + len(infos)}"
     # Text, not markup: the filter's values are the user's, and may hold rich's brackets.
-    console.print(Text(shown + ". Details of one: delay-broker " + ("dead show ID" if state == "dead" else "show ID")))
+    details = "dead show ID" if state == "dead" else "show ID"
+    session.console.print(Text(f"{shown}. Details of one: delay-broker {details}"))
     if more:
         # Last, on a line of its own that the terminal may wrap but rich does not break: the cursor is copied whole.
         following = f"--offset {offset + len(infos)}" if not by_cursor else f"--cursor {next_cursor}"
-        console.print(Text(f"Next page: {following}"), soft_wrap=True)
+        session.console.print(Text(f"Next page: {following}"), soft_wrap=True)
+
+
+def find_page(
+    session: Session, filter: MessageFilter, offset: int, limit: int, cursor: str | None
+) -> tuple[list[MessageInfo], str | None]:
+    """A page through the operations layer: a bounded scan, page after page by cursor (an offset would rescan).
+    Returns its messages and the cursor of the next page (None: the last)."""
+    if offset:
+        raise click.UsageError("with --queue/--task/--id-prefix/--text, page with --cursor, not --offset")
+    try:
+        page = Operations(session.store).find(filter, cursor=cursor, limit=limit, headers_only=True)
+    except UnicodeEncodeError:
+        raise  # a filter's text Redis cannot take, not the cursor: reports_errors says so
+    except ValueError as error:
+        raise click.BadParameter(str(error), param_hint="--cursor") from None
+    return page.messages, page.cursor
+
+
+def print_nothing_found(session: Session, message: str, offset: int, cursor: str | None) -> None:
+    """An empty page, and the likeliest reason when it is not a filter's: past the end, or the wrong namespace."""
+    session.console.print(message)
+    if offset:
+        session.console.print(f"(offset {offset}: past the last page?)")
+    elif not cursor and unused(session.store.stats()):
+        session.console.print(Text(empty_namespace_hint(session)))
 
 
 def message_table(session: Session, state: ListState, infos: Sequence[MessageInfo], now: int) -> Table:

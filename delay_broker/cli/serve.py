@@ -9,7 +9,7 @@ import click
 
 from ..errors import DelayBrokerError
 from ..keys import DEFAULT_NAMESPACE
-from ..stop_flag import StopFlag
+from ..running import configure_logging, import_object, run_until_signalled, wait_for_signal
 from .common import LOG_LEVELS, far_tier_options, open_session, prefix_option, reports_errors
 
 # -- promote / metrics --------------------------------------------------------------------------------------------
@@ -38,8 +38,6 @@ def build_app_promoter(dramatiq_broker: str | None, celery_app: str | None, over
 
 def app_object(option: str, path: str) -> Any:
     """What ``option`` names (``MODULE:NAME``); a usage error (exit status 2) when it is not there."""
-    from . import import_object
-
     try:
         return import_object(path)
     except ValueError as error:
@@ -92,8 +90,6 @@ def promote(
     """
     if (dramatiq_broker is None) == (celery_app is None):
         raise click.UsageError("give exactly one of --dramatiq MODULE:BROKER and --celery MODULE:APP")
-    from . import configure_logging, run_until_signalled
-
     configure_logging(log_level)
     overrides = {
         name: value for name, value in (("batch", batch), ("lease", lease), ("max_idle", max_idle)) if value is not None
@@ -166,8 +162,6 @@ def metrics_command(port: int, addr: str, print_once: bool, namespaces: Sequence
         registry.register(StoreCollector(stores))
         click.echo(prom.generate_latest(registry).decode(), nl=False)
         return
-    from . import configure_logging
-
     configure_logging("INFO")
     try:
         server = start_metrics_server(port, stores, addr=addr)
@@ -176,16 +170,6 @@ def metrics_command(port: int, addr: str, print_once: bool, namespaces: Sequence
     click.echo(f"Serving metrics of namespace(s) {', '.join(chosen)} on {server.url} (Ctrl-C stops).", err=True)
     wait_for_signal()
     server.stop()
-
-
-def wait_for_signal() -> None:
-    """Block until SIGINT or SIGTERM."""
-    from . import on_stop_signals  # imported here: delay_broker.cli imports this module
-
-    stopped = StopFlag()
-    with on_stop_signals(stopped.set):
-        while not stopped.wait(1.0):
-            pass
 
 
 COMMANDS = [promote, metrics_command]

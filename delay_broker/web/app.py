@@ -22,10 +22,10 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 
-from ..cli.format import describe_filter
 from ..decoding import decode_payload
+from ..display import describe_filter
 from ..errors import DelayBrokerError, InvalidMessage, StoreError
-from ..operations import BulkResult, Ids, Operations
+from ..operations import BulkResult, Ids, MessageFilter, Operations
 from ..schedules import RuntimeSchedules, schedule_rows
 from ..store import DelayStore, MessageInfo, check_id
 from . import csrf
@@ -234,52 +234,73 @@ class _Dashboard:
             return self.render(request, "error.html", status=400, message=f"{label} applies to {state} messages.")
         back = f"{request.scope.get('root_path', '')}/messages?{filter_query(filter)}" if filter else None
         if fields.get("confirmed") != "yes":
-            if ids:
-                count, carried = len(ids), {"ids": fields["ids"]}
-            else:
-                assert filter is not None
-                # The submit is held to exactly these messages, by a digest of their ids. The window goes on as the
-                # instants it meant now, so a relative time is not read again against the submit's now.
-                matched = await self.call(self.ops.select, filter)
-                count = len(matched)
-                carried = {**filter_fields(filter), "scope": "filter", "count": str(count), "digest": digest(matched)}
-            return self.render(
-                request,
-                "confirm.html",
-                action=action,
-                label=label,
-                count=count,
-                ids=ids,
-                carried=carried,
-                filter=filter,
-                described=describe_filter(filter) if filter else None,
-            )
-        targets: Ids
+            return await self._confirm(request, action, label, ids, filter, fields)
+        targets: Ids | Response
         if ids:
             targets = ids
         else:
             assert filter is not None
-            confirmed = fields.get("count", "")
-            # isdigit() takes "²", which int() refuses: only ASCII digits, as the confirm page writes them.
-            if not (confirmed.isascii() and confirmed.isdecimal()) or not fields.get("digest"):
-                message = "This form does not say which messages were confirmed: nothing was done. Confirm again."
-                return self.render(request, "error.html", status=400, message=message, back=back)
-            selected = await self.call(self.ops.select, filter)
-            if digest(selected) != fields["digest"]:
-                # Parked, promoted or moved since the confirm: not what was said yes to. The operator looks again.
-                now = (
-                    f"{len(selected):,} message(s), not the {int(confirmed):,} you confirmed"
-                    if len(selected) != int(confirmed)
-                    else f"other messages than the {int(confirmed):,} you confirmed (as many left it as came in)"
-                )
-                message = f"The filter now matches {now}: nothing was done. Look at the list again and confirm anew."
-                return self.render(request, "error.html", status=409, message=message, back=back)
-            targets = selected
+            targets = await self._confirmed(request, filter, fields, back)
+            if isinstance(targets, Response):
+                return targets
         try:
             result = await self.call(self._apply, action, targets)
         except DelayBrokerError as error:
             return self.render(request, "error.html", status=409, message=str(error))
         return self.render(request, "result.html", result=result, label=label, back=back)
+
+    async def _confirm(
+        self,
+        request: Request,
+        action: str,
+        label: str,
+        ids: list[str] | None,
+        filter: MessageFilter | None,
+        fields: dict[str, str],
+    ) -> Response:
+        """The page that asks before acting, carrying what the submit acts on."""
+        if ids:
+            count, carried = len(ids), {"ids": fields["ids"]}
+        else:
+            assert filter is not None
+            # The submit is held to exactly these messages, by a digest of their ids. The window goes on as the
+            # instants it meant now, so a relative time is not read again against the submit's now.
+            matched = await self.call(self.ops.select, filter)
+            count = len(matched)
+            carried = {**filter_fields(filter), "scope": "filter", "count": str(count), "digest": digest(matched)}
+        return self.render(
+            request,
+            "confirm.html",
+            action=action,
+            label=label,
+            count=count,
+            ids=ids,
+            carried=carried,
+            filter=filter,
+            described=describe_filter(filter) if filter else None,
+        )
+
+    async def _confirmed(
+        self, request: Request, filter: MessageFilter, fields: dict[str, str], back: str | None
+    ) -> dict[str, str] | Response:
+        """The messages a filter matches now, if they are those the operator confirmed; else the page saying
+        that nothing was done."""
+        confirmed = fields.get("count", "")
+        # isdigit() takes "²", which int() refuses: only ASCII digits, as the confirm page writes them.
+        if not (confirmed.isascii() and confirmed.isdecimal()) or not fields.get("digest"):
+            message = "This form does not say which messages were confirmed: nothing was done. Confirm again."
+            return self.render(request, "error.html", status=400, message=message, back=back)
+        selected = await self.call(self.ops.select, filter)
+        if digest(selected) != fields["digest"]:
+            # Parked, promoted or moved since the confirm: not what was said yes to. The operator looks again.
+            now = (
+                f"{len(selected):,} message(s), not the {int(confirmed):,} you confirmed"
+                if len(selected) != int(confirmed)
+                else f"other messages than the {int(confirmed):,} you confirmed (as many left it as came in)"
+            )
+            message = f"The filter now matches {now}: nothing was done. Look at the list again and confirm anew."
+            return self.render(request, "error.html", status=409, message=message, back=back)
+        return selected
 
     def _apply(self, action: str, targets: Ids) -> BulkResult:
         ops = self.ops

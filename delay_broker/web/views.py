@@ -7,15 +7,15 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import urlencode
 
-from ..cli.format import histogram_rows, parse_when
 from ..clock import iso_time, ms_to_datetime
+from ..display import histogram_rows, parse_when
 from ..operations import MessageFilter
 from ..store import ListState, MessageInfo, StoreStats
 
 FILTER_FIELDS = ("state", "queue", "task", "id_prefix", "text", "from", "to")
 
 SHORT_LABELS = {"next_minute": "< 1 min", "next_hour": "1 min-1 h", "next_day": "1 h-1 day"}
-"""Chart labels of the due-time buckets (see :func:`delay_broker.cli.format.histogram_rows`)."""
+"""Chart labels of the due-time buckets (see :func:`delay_broker.display.histogram_rows`)."""
 
 LATENESS_LABELS = {"10": "< 10 ms", "100": "10-100 ms", "1000": "0.1-1 s", "10000": "1-10 s", "60000": "10 s-1 min"}
 """Chart labels of the store's promotion-lateness buckets (upper edges in ms; 'more' is over a minute)."""
