@@ -35,7 +35,7 @@ STORE_ORDER: list[set[str]] = [
     {"runner"},
     {"far_view"},
     {"parking", "packs", "registry", "dead_letters", "promotion", "stats"},
-    {"reading", "check_read"},
+    {"reading", "check_read", "batching"},
     {"sweeping", "check_findings"},
     {"tiers", "checking"},
     {"parts"},
