@@ -62,10 +62,8 @@ local writing, wakes = check_park(k, messages, false, skip, head, 'moved_in')
 if not writing then
     return wakes
 end
-drop_stale(stale, STATS)
-local result, delivered, filled, earlier_packs = write_park(k, messages, false, skip)
+local result, delivered, filled, earlier_packs = write_park(k, messages, false, skip, stale)
 for _, token in ipairs(tokens) do
     redis.call('ZADD', MOVED, now, token)
 end
-count_damage(STATS, #damaged_packs)
 return finish_park(k, result, delivered, filled, earlier_packs, wakes, damaged_packs)

@@ -76,10 +76,8 @@ local writing, wakes = check_park(k, messages, replace, skip, head, 'parked')
 if not writing then
     return wakes
 end
-drop_stale(stale, STATS)
-local result, delivered, filled, earlier_packs = write_park(k, messages, replace, skip)
+local result, delivered, filled, earlier_packs = write_park(k, messages, replace, skip, stale)
 for token in string.gmatch(retired, '%S+') do
     redis.call('ZADD', MOVED, now, token)
 end
-count_damage(STATS, #damaged_packs)
 return finish_park(k, result, delivered, filled, earlier_packs, wakes, damaged_packs)

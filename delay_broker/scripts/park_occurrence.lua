@@ -76,8 +76,6 @@ local writing, wakes = check_park(k, messages, false, skip, head, 'parked')
 if not writing then
     return wakes
 end
-drop_stale(stale, STATS)
 redis.call('HSET', CRON, schedule, messages[1].due)
-local result, delivered, filled, earlier_packs = write_park(k, messages, false, skip)
-count_damage(STATS, #damaged_packs)
+local result, delivered, filled, earlier_packs = write_park(k, messages, false, skip, stale)
 return finish_park(k, result, delivered, filled, earlier_packs, wakes, damaged_packs)

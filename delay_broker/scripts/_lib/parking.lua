@@ -97,11 +97,13 @@ local function check_park(k, messages, replace, skip, head, fresh_counter)
 end
 
 -- Writes the messages of a planned park, each into its pack or the ordinary layout in place of what the store
--- held of its id; a message kept (held, and not `replace`) or skipped is left. Returns the reply's two entries
--- per message (due time, outcome: 1 new, 2 replaced, 0 kept with its current due time, -1 in flight or dead;
--- 4 skipped), how many in-flight copies it replaced (their delivery is done or under way: promoted), the
--- partitions now past SPLIT_AT, and the packs whose earliest due time went down.
-local function write_park(k, messages, replace, skip)
+-- held of its id; a message kept (held, and not `replace`) or skipped is left; first the index entries
+-- pack_locate found `stale`. Returns the reply's two entries per message (due time, outcome: 1 new, 2 replaced,
+-- 0 kept with its current due time, -1 in flight or dead; 4 skipped), how many in-flight copies it replaced
+-- (their delivery is done or under way: promoted), the partitions now past SPLIT_AT, and the packs whose
+-- earliest due time went down.
+local function write_park(k, messages, replace, skip, stale)
+    drop_stale(stale, k.stats)
     local result, taken, filled, earlier_packs = {}, {}, {}, {}
     local delivered = 0
     for n, message in ipairs(messages) do
@@ -143,11 +145,12 @@ local function write_park(k, messages, replace, skip)
     return result, delivered, filled, earlier_packs
 end
 
--- The end of a park's reply, after its writes: counts what it promoted, wakes a promoter (`wakes`, or for a
--- pack now the first to open), and appends to `result` 1 if it woke one else 0, the highest index partition it
--- filled past SPLIT_AT and the entries of the fullest (-1 and 0 for none: the caller splits the index), and the
--- damaged packs it did not use, space-separated.
+-- The end of a park's reply, after its writes: counts what it promoted and the damaged packs it did not use,
+-- wakes a promoter (`wakes`, or for a pack now the first to open), and appends to `result` 1 if it woke one else
+-- 0, the highest index partition it filled past SPLIT_AT and the entries of the fullest (-1 and 0 for none: the
+-- caller splits the index), and those damaged packs, space-separated.
 local function finish_park(k, result, delivered, filled, earlier_packs, wakes, damaged_packs)
+    count_damage(k.stats, #damaged_packs)
     if delivered > 0 then
         redis.call('HINCRBY', k.stats, 'promoted', delivered)
     end
