@@ -10,7 +10,6 @@ from celery import bootsteps
 
 from ..promoter import Promoter
 from .app import app_options, build_promoter, store_for, transport_kind
-from .control import install_control
 
 logger = logging.getLogger("delay_broker.celery")
 
@@ -81,6 +80,8 @@ class ControlStep(bootsteps.Step):  # type: ignore[misc]
         return bool(app_options(parent.app).enabled)
 
     def create(self, parent: Any) -> None:
+        from .control import install_control  # Celery's worker modules: loaded by workers only, not by producers
+
         app = parent.app
         options = app_options(app)
         kind, _ = transport_kind(app)
