@@ -266,3 +266,7 @@ class Keyspace:
     def promoters(self) -> str:
         """ZSET promoter id -> last heartbeat (ms)."""
         return self.key("promoters")
+
+    def claim(self, token: str) -> str:
+        """STRING, short-lived: taken by the first process that offers ``token`` (see :mod:`delay_broker.claims`)."""
+        return self.key(f"claim:{token}")

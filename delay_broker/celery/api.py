@@ -16,7 +16,7 @@ from ..clock import delay_to_ms, ms_to_datetime
 from ..errors import ConfigurationError, InvalidDelay
 from ..store import MessageInfo
 from .app import app_options, build_promoter, store_for, transport_kind
-from .bootstep import PromoterStep
+from .bootstep import ControlStep, PromoterStep
 from .config import OPTIONS_KEY, TRANSPORTS, CeleryOptions, Kind, check_threshold, kind_of_scheme, parse_options
 from .messages import parse_celery_time, reschedule_parked
 from .stores import check_store
@@ -71,8 +71,9 @@ def install(app: Any, **options: Any) -> CeleryOptions:
     """Enable delay_broker on a Celery app in one line (after the app is configured).
 
     Sets ``broker_transport`` to our wrapper of the transport ``broker_url`` names, merges ``options``
-    into ``broker_transport_options["delay_broker"]``, adds the promoter bootstep to the worker, and
-    validates the result (raising ConfigurationError on any problem).
+    into ``broker_transport_options["delay_broker"]``, adds the worker's bootsteps (the promoter; the answers to
+    Celery's remote control, ``inspect scheduled`` and ``revoke``, for parked tasks), and validates the result
+    (raising ConfigurationError on any problem).
     """
     transport_options = dict(app.conf.broker_transport_options or {})
     raw = dict(transport_options.get(OPTIONS_KEY) or {})
@@ -99,6 +100,7 @@ def install(app: Any, **options: Any) -> CeleryOptions:
         app.conf.broker_transport, app.conf.broker_transport_options = previous
         raise
     app.steps["worker"].add(PromoterStep)
+    app.steps["worker"].add(ControlStep)
     return checked
 
 

@@ -1,4 +1,5 @@
-"""The worker bootstep that runs a promoter thread in every Celery worker."""
+"""The worker bootsteps of delay_broker: a promoter thread in every Celery worker, and its remote control for parked
+tasks."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from typing import Any
 from celery import bootsteps
 
 from ..promoter import Promoter
-from .app import app_options, build_promoter
+from .app import app_options, build_promoter, store_for, transport_kind
 
 logger = logging.getLogger("delay_broker.celery")
 
@@ -61,3 +62,27 @@ class PromoterStep(bootsteps.StartStopStep):  # type: ignore[misc]
 
     def terminate(self, parent: Any) -> None:
         self.stop(parent)
+
+
+class ControlStep(bootsteps.Step):  # type: ignore[misc]
+    """Makes the worker answer Celery's remote control for the app's parked tasks: ``inspect scheduled`` lists
+    them (one worker per broadcast), and a ``revoke`` from any sender cancels them (see
+    :mod:`delay_broker.celery.control`).
+
+    A step of the worker blueprint, created before the worker's consumer (the blueprint's last step) and so before
+    the consumer's mailbox, whose node must record the broadcasts it dispatches.
+    """
+
+    label = "delay_broker control"
+    name = "delay_broker.celery.bootstep.ControlStep"
+
+    def include_if(self, parent: Any) -> bool:
+        return bool(app_options(parent.app).enabled)
+
+    def create(self, parent: Any) -> None:
+        from .control import install_control  # Celery's worker modules: loaded by workers only, not by producers
+
+        app = parent.app
+        options = app_options(app)
+        kind, _ = transport_kind(app)
+        install_control(app, store_for(app, options), options, options.threshold_for(kind))

@@ -84,6 +84,7 @@ class CeleryOptions:
     far_horizon: float | None = None
     max_payload_bytes: int = DEFAULT_MAX_PAYLOAD
     pack_after: float | None = DEFAULT_PACK_AFTER_MS / 1000
+    inspect_limit: int = 1000
 
     def store_options(self) -> dict[str, Any]:
         """The :class:`~delay_broker.store.DelayStore` arguments these options give."""
@@ -221,6 +222,7 @@ CHECKS: dict[str, Check] = {
     "far_horizon": _optional(_seconds(0.0, inclusive=False)),
     "max_payload_bytes": _int(1, 512 * 1024 * 1024),  # Redis's largest string
     "pack_after": _optional(_seconds(10.0, inclusive=True)),
+    "inspect_limit": _int(0, 10_000),
 }
 """How each option of :class:`CeleryOptions` is checked, in its order."""
 

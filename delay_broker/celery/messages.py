@@ -36,7 +36,8 @@ _decode: Callable[..., Any] = _kombu_loads
 logger = logging.getLogger("delay_broker.celery")
 
 CONTROL_METHODS = frozenset({"revoke"})
-"""Pidbox broadcasts that cancel parked tasks (``revoke_by_stamped_headers`` cannot be mapped to ids)."""
+"""Pidbox broadcasts that cancel parked tasks where they are published (``revoke_by_stamped_headers`` cannot be mapped
+to ids). Workers cancel them where they are received too (see :mod:`delay_broker.celery.control`)."""
 
 _SAFE_CONTENT_TYPES = frozenset({"application/json", "application/x-msgpack", "application/x-yaml"})
 """Serializers a control broadcast may be decoded with: never pickle."""
@@ -164,8 +165,9 @@ def revoked_ids(body: object, content_type: str | None, content_encoding: str | 
         if content_type == PICKLE_CONTENT_TYPE and _pickled_method(_as_bytes(body)) in CONTROL_METHODS:
             logger.warning(
                 "delay_broker: a revoke broadcast is pickled (task_serializer='pickle'), which delay_broker never "
-                "unpickles: the parked tasks it names stay parked. Cancel them with delay_broker.celery.cancel(app, "
-                "id), or use a json or msgpack task_serializer"
+                "unpickles: the parked tasks it names are cancelled only when a worker running delay_broker receives "
+                "it (workers decode it themselves). Else cancel them with delay_broker.celery.cancel(app, id), or use "
+                "a json or msgpack task_serializer"
             )
         return []
     try:

@@ -180,7 +180,7 @@ def __getattr__(name: str) -> Any:
 
 
 def _add_promoter_step(sender: Any = None, **kwargs: Any) -> None:
-    """Add the promoter bootstep to a worker whose broker connection uses one of our transports.
+    """Add the promoter and control bootsteps to a worker whose broker connection uses one of our transports.
 
     ``worker_init`` is sent after the worker created its first connection (which imported this module)
     and before it builds its blueprint from ``app.steps['worker']``.
@@ -190,9 +190,10 @@ def _add_promoter_step(sender: Any = None, **kwargs: Any) -> None:
         return
     transport = conninfo.transport
     if isinstance(transport, DelayBrokerTransport):
-        from .bootstep import PromoterStep
+        from .bootstep import ControlStep, PromoterStep
 
         sender.app.steps["worker"].add(PromoterStep)
+        sender.app.steps["worker"].add(ControlStep)
 
 
 worker_init.connect(_add_promoter_step, weak=False, dispatch_uid="delay_broker.celery.promoter_step")
