@@ -19,7 +19,7 @@ import logging
 import math
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 import dramatiq
 from dramatiq.errors import QueueNotFound
@@ -58,11 +58,11 @@ def park_on_receipt(
     ``envelope_of`` gives the message as it is to be enqueued when due, and its envelope (the middleware's). When
     the store refuses or cannot be reached, the message is left to Dramatiq, which holds it as it always did.
     """
-    due_ms = eta_of(message)
+    plain = cast(AnyMessage, getattr(message, "_message", message))
+    due_ms = eta_of(plain)
     # By the worker's clock, as Dramatiq decides when the message is due: no round trip for a short delay.
     if due_ms is None or due_ms - time.time() * 1000 <= threshold_ms:
         return False
-    plain: AnyMessage = getattr(message, "_message", message)
     try:
         parked, envelope = envelope_of(plain)
         result = store.park(parked.message_id, envelope, due=ms_to_datetime(due_ms), on_conflict="keep")
