@@ -19,6 +19,7 @@ from .app import app_options, build_promoter, store_for, transport_kind
 from .bootstep import PromoterStep
 from .config import OPTIONS_KEY, TRANSPORTS, CeleryOptions, Kind, check_threshold, kind_of_scheme, parse_options
 from .messages import parse_celery_time, reschedule_parked
+from .received import ParkOnReceipt
 from .stores import check_store
 
 
@@ -71,7 +72,8 @@ def install(app: Any, **options: Any) -> CeleryOptions:
     """Enable delay_broker on a Celery app in one line (after the app is configured).
 
     Sets ``broker_transport`` to our wrapper of the transport ``broker_url`` names, merges ``options``
-    into ``broker_transport_options["delay_broker"]``, adds the promoter bootstep to the worker, and
+    into ``broker_transport_options["delay_broker"]``, adds the promoter bootstep to the worker and the step that
+    parks the long-delayed tasks it receives to its consumer, and
     validates the result (raising ConfigurationError on any problem).
     """
     transport_options = dict(app.conf.broker_transport_options or {})
@@ -99,6 +101,7 @@ def install(app: Any, **options: Any) -> CeleryOptions:
         app.conf.broker_transport, app.conf.broker_transport_options = previous
         raise
     app.steps["worker"].add(PromoterStep)
+    app.steps["consumer"].add(ParkOnReceipt)
     return checked
 
 
