@@ -4,7 +4,7 @@ A producer with kombu's plain transport fills the queue with countdown tasks (an
 ``delay-broker import`` (a real subprocess) moves them after a dry run that changes nothing, leaving the rest of
 the queue as it was; an import of more is killed with SIGKILL midway and run again; and a real ``celery worker``
 with delay_broker, started last, receives more countdown tasks and parks them instead of holding them. Every task
-runs once, at or after its due time. The threshold is 2 s; tasks are due 12 to 25 s after they are sent.
+runs once, at or after its due time. The threshold is 2 s; tasks are due 12 to 20 s after they are sent.
 """
 
 from __future__ import annotations
@@ -105,7 +105,7 @@ def test_eta_tasks_sent_before_delay_broker_are_imported_or_parked_on_receipt_an
     plain, store, due = plain_app(env), env.store, {}
 
     # 1. An import, after a dry run that changes nothing; the queue's other tasks stay as they were.
-    imported = [send(plain, f"imp-{n}", due, countdown=25) for n in range(150)]
+    imported = [send(plain, f"imp-{n}", due, countdown=20) for n in range(150)]
     for n in range(5):
         send(plain, f"ready-{n}", due)  # no eta
         send(plain, f"soon-{n}", due, countdown=1)  # due within the threshold
@@ -125,7 +125,7 @@ def test_eta_tasks_sent_before_delay_broker_are_imported_or_parked_on_receipt_an
         assert info is not None and info.due_ms is not None and abs(info.due_ms / 1000 - due[task_id]) < 1.0
 
     # 2. An import killed midway (SIGKILL), then run again.
-    killed = [send(plain, f"kill-{n}", due, countdown=25) for n in range(120)]
+    killed = [send(plain, f"kill-{n}", due, countdown=20) for n in range(120)]
     process = start_import(env, "--yes", "--batch", "10", slow=0.3)
     try:
         wait_for(lambda: store.stats().parked >= 150 + 20, 60, what="the import parked some")
