@@ -118,6 +118,13 @@ def test_default_thresholds_per_transport() -> None:
     assert parse_options({"pack_after": None}).store_options()["pack_after"] is None
 
 
+def test_install_adds_the_promoter_and_the_step_that_parks_what_workers_receive(app: Celery) -> None:
+    from delay_broker.celery.bootstep import PromoterStep
+    from delay_broker.celery.received import ParkOnReceipt
+
+    assert PromoterStep in app.steps["worker"] and ParkOnReceipt in app.steps["consumer"]
+
+
 def test_install_fails_at_once_on_bad_configuration(redis_server: EmbeddedRedis) -> None:
     app = Celery("bad", broker=redis_server.url, set_as_current=False)
     with pytest.raises(ConfigurationError, match="unknown delay_broker option"):
