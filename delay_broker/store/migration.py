@@ -15,6 +15,8 @@ import time
 from collections.abc import Callable
 from typing import TypeVar
 
+import redis
+
 from ..errors import SlotMigrating
 from ..redis_errors import slot_moving
 from .shards import RedisFailure
@@ -53,8 +55,18 @@ def waited_out(call: Callable[[], T], refused: BaseException, patience: float | 
     waited = time.monotonic() - started
     raise SlotMigrating(
         f"Redis Cluster refused {doing} for {waited:.1f} s: its slot is migrating between nodes (a reshard or "
-        f"rebalance; {type(last).__name__}); nothing was done, doing it again is safe"
+        f"rebalance; last refusal: {_reply(last)}); nothing was done, doing it again is safe"
     ) from last
+
+
+def _reply(error: BaseException) -> str:
+    if isinstance(error, redis.exceptions.MovedError):
+        return "MOVED"
+    if isinstance(error, redis.exceptions.AskError):
+        return "ASK"
+    if isinstance(error, redis.exceptions.TryAgainError):
+        return "TRYAGAIN"
+    return "redirected or TRYAGAIN at each of redis-py's tries"
 
 
 __all__ = ["BRIEF_WAIT", "MIGRATION_WAIT", "waited_out"]
