@@ -71,9 +71,27 @@ _CODE = re.compile(r"(?:^|@user_script: ?\d+: -)(" + "|".join(_EXPLANATIONS) + r
 
 def slot_moving(error: BaseException) -> bool:
     """Whether a Redis Cluster refused a call before running it because its slot is migrating or has just moved:
-    ``TRYAGAIN``, ``ASK``, a ``MOVED`` redis-py did not follow (a node's own client), or redis-py's "TTL
-    exhausted" once it has followed as many of those as it does. Doing the call again is safe."""
-    return isinstance(error, (redis.exceptions.TryAgainError, redis.exceptions.AskError)) or _exhausted(error)
+    ``TRYAGAIN``, ``ASK``, a ``MOVED`` redis-py did not follow (a node's own client), redis-py's "TTL exhausted"
+    once it has followed as many of those as it does, or its failure to follow an ``ASK`` to a new master (see
+    :func:`ask_to_unknown_node`). Doing the call again is safe."""
+    return (
+        isinstance(error, (redis.exceptions.TryAgainError, redis.exceptions.AskError))
+        or _exhausted(error)
+        or ask_to_unknown_node(error)
+    )
+
+
+def ask_to_unknown_node(error: BaseException) -> bool:
+    """Whether ``error`` is redis-py's ``AttributeError`` on an ``ASK`` to a node missing from its slot map
+    (redis/redis-py#4015): a master just added owns no slot, so ``CLUSTER SLOTS`` does not list it, until the
+    first slot has moved to it; redis-py looks the node up, finds none and fails before sending anything."""
+    if not isinstance(error, AttributeError) or "redis_connection" not in str(error):
+        return False
+    trace = error.__traceback__
+    while trace is not None and trace.tb_next is not None:
+        trace = trace.tb_next
+    code = trace.tb_frame.f_code if trace is not None else None
+    return code is not None and code.co_name == "get_redis_connection" and "redis" in code.co_filename
 
 
 def _exhausted(error: BaseException) -> bool:
@@ -180,4 +198,4 @@ def _detail(text: str, code: str) -> str:
     return detail.split(" script:", 1)[0].strip() or text
 
 
-__all__ = ["no_longer_master", "slot_moving", "translate"]
+__all__ = ["ask_to_unknown_node", "no_longer_master", "slot_moving", "translate"]

@@ -19,7 +19,7 @@ import redis
 
 from ..errors import SlotMigrating
 from ..redis_errors import slot_moving
-from .shards import RedisFailure
+from .shards import ClusterFailure
 
 T = TypeVar("T")
 
@@ -48,7 +48,7 @@ def waited_out(call: Callable[[], T], refused: BaseException, patience: float | 
         pause = min(2 * pause, LONGEST_PAUSE)
         try:
             return call()
-        except RedisFailure as error:
+        except ClusterFailure as error:
             if not slot_moving(error):
                 raise
             last = error
@@ -66,6 +66,8 @@ def _reply(error: BaseException) -> str:
         return "ASK"
     if isinstance(error, redis.exceptions.TryAgainError):
         return "TRYAGAIN"
+    if isinstance(error, AttributeError):
+        return "ASK to a master redis-py does not know yet"
     return "redirected or TRYAGAIN at each of redis-py's tries"
 
 

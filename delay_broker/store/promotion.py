@@ -22,7 +22,7 @@ from .migration import BRIEF_WAIT
 from .replication import Replication
 from .replies import check_batch, chunks, stored_id, text
 from .runner import Runner
-from .shards import RedisFailure, Shards
+from .shards import ClusterFailure, RedisFailure, Shards
 
 MIGRATION_NAP = 0.1
 """Seconds a promoter sleeps in place of its blocking wait while shard 0's slot migrates (its wake lists cannot be
@@ -180,8 +180,10 @@ class Promotion:
         keys = [spaces[0].wake_one(promoter_id), spaces[0].wake]
         try:
             popped = client.blpop(keys, timeout=timeout)
-        except RedisFailure as error:
+        except ClusterFailure as error:
             if not (self.shards.cluster and slot_moving(error)):
+                if isinstance(error, AttributeError):
+                    raise
                 raise self.shards.translated(error, f"BLPOP on the wake lists {keys}") from error
             # Shard 0's slot is migrating: two keys, one missing, are refused (TRYAGAIN) until it has moved. A
             # short nap instead of the wait: every shard is still looked at when its time comes.

@@ -20,7 +20,7 @@ from ..redis_errors import slot_moving
 from .migration import BRIEF_WAIT, waited_out
 from .replication import Replication
 from .replies import MAX_BATCH, text
-from .shards import RedisFailure, Shards
+from .shards import ClusterFailure, RedisFailure, Shards
 
 logger = logging.getLogger("delay_broker.store")
 
@@ -64,8 +64,10 @@ class Runner:
         replicas = (self.replication.replicas if replicas is None else replicas) if write else 0
         try:  # as Shards.redis() does, without a context manager's cost on every call
             return self._call(name, space, keys, args, replicas)
-        except RedisFailure as error:
+        except ClusterFailure as error:
             if not (self.shards.cluster and slot_moving(error)):
+                if isinstance(error, AttributeError):
+                    raise
                 raise self._refusal(error, name) from error
             refused = error
         doing = f"{name} on shard {shard} ({space.due})"
