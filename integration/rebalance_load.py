@@ -81,8 +81,9 @@ class Outcome:
     """Park attempts refused, by error (each made again)."""
     promoter_errors: dict[str, int]
     rebalance_seconds: float
-    max_pause_s: float
-    """The longest gap between two promotions (any promoter) that overlaps the rebalance."""
+    max_pause_s: dict[str, float]
+    """Per namespace, the longest gap between two of its promotions (by any of its promoters) that overlaps the
+    rebalance."""
     max_lateness_ms: int
     min_lateness_ms: int
     moved_shards: int
@@ -92,7 +93,7 @@ class Outcome:
     redirects: dict[str, int]
     """TRYAGAIN, ASK and MOVED replies the masters gave during the run (``INFO errorstats``)."""
     resumed: bool
-    """Promotions seen after the rebalance, before the drain."""
+    """Promotions seen in each namespace after the rebalance, before the drain."""
     output: str = field(repr=False, default="")
 
 
@@ -106,7 +107,7 @@ class Ledger:
         self.packed = 0
         self.consumed: dict[str, list[int]] = {}
         self.refused = Counter[str]()
-        self.promotions: list[float] = []
+        self.promotions: dict[str, list[float]] = {"at_least_once": [], "exactly_once": []}
 
     def park_acknowledged(self, id: str, kind: str, due_ms: int, packed: bool) -> None:
         with self.lock:
@@ -124,12 +125,13 @@ class Ledger:
 
 
 class Times(PromoterListener):
-    def __init__(self, ledger: Ledger) -> None:
+    def __init__(self, ledger: Ledger, kind: str) -> None:
         self.ledger = ledger
+        self.kind = kind
 
     def promoted(self, lateness_ms: Sequence[int]) -> None:
         with self.ledger.lock:
-            self.ledger.promotions.append(time.monotonic())
+            self.ledger.promotions[self.kind].append(time.monotonic())
 
 
 def run(cluster: RedisClusterServers, plan: Plan) -> Outcome:
@@ -162,7 +164,7 @@ def run(cluster: RedisClusterServers, plan: Plan) -> Outcome:
             rebalanced = rebalance(cluster, pipeline=plan.pipeline)
             ended = time.monotonic()
             time.sleep(plan.after)
-        resumed = any(at > ended for at in ledger.promotions)
+        resumed = all(any(at > ended for at in times) for times in ledger.promotions.values())
         deadline = time.monotonic() + LATER[1] + 30.0
         while ledger.waiting() and time.monotonic() < deadline:
             time.sleep(0.2)
@@ -205,7 +207,7 @@ def _count(
         refused=dict(ledger.refused),
         promoter_errors=errors,
         rebalance_seconds=0.0,
-        max_pause_s=longest_gap(ledger.promotions, started, ended),
+        max_pause_s={kind: longest_gap(times, started, ended) for kind, times in ledger.promotions.items()},
         max_lateness_ms=max(lateness, default=0),
         min_lateness_ms=min(lateness, default=0),
         moved_shards=0,
@@ -315,7 +317,7 @@ def _promoters(
                 route = {"ready": ListTarget(targets[kind])}
                 deliverer = DirectLists(route) if kind == "exactly_once" else ListDeliverer(store.client, route)
                 options = {"batch": plan.batch, "lease": plan.lease, "max_idle": 1.0, "keep_lateness": True}
-                promoter = Promoter(store, deliverer, listener=Times(ledger), **options)
+                promoter = Promoter(store, deliverer, listener=Times(ledger, kind), **options)
                 started[kind].append(promoter.start())
         yield started
     finally:
