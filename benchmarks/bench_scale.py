@@ -373,7 +373,9 @@ def report_rebalance() -> None:
         f"{figures['early']}, packed {figures['packed']}, park attempts refused {figures['refused'] or 'none'}; "
         f"rebalance {figures['rebalance_seconds']:.1f} s, {figures['moved_shards']} of {plan.shards} shards moved "
         f"(and the exactly-once one: {figures['exactly_once_moved']}), {figures['masters']} masters after; "
-        f"TRYAGAIN/ASK/MOVED replies {figures['redirects']}; lateness max {figures['max_lateness_ms']} ms"
+        f"TRYAGAIN/ASK/MOVED replies {figures['redirects']}; lateness max {figures['max_lateness_ms']} ms; "
+        f"reader (stats, a page, a message by id every 0.1 s): {figures['reads']} rounds, errors "
+        f"{figures['read_errors'] or 'none'}"
     )
     out("rebalance_lost", sum(figures["lost"].values()))
     out("rebalance_dup_exactly_once", figures["duplicates"]["exactly_once"])

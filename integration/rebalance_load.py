@@ -8,6 +8,8 @@ while producers park and promoters promote.
   once (``DirectLists``) into a list of its own slot by 2 more promoters: exactly-once promotion on a Cluster
   needs the target in the store's slot, which a sharded namespace cannot give (``check_direct``).
 - A consumer pops both lists; every message says when it is due, so an early promotion is seen.
+- A reader does what the CLI and the dashboard do (stats, the first page of messages, a message by id), with a
+  store of its own, all along.
 
 Every park is made again with the same id and due time until it is acknowledged; lost = acknowledged, never
 consumed. An at-least-once message is delivered again only when its claim's acknowledgement failed for the whole
@@ -94,6 +96,9 @@ class Outcome:
     """TRYAGAIN, ASK and MOVED replies the masters gave during the run (``INFO errorstats``)."""
     resumed: bool
     """Promotions seen in each namespace after the rebalance, before the drain."""
+    reads: int
+    """Rounds of reads (stats, a page, a message by id) the reader made."""
+    read_errors: dict[str, int]
     output: str = field(repr=False, default="")
 
 
@@ -108,6 +113,8 @@ class Ledger:
         self.consumed: dict[str, list[int]] = {}
         self.refused = Counter[str]()
         self.promotions: dict[str, list[float]] = {"at_least_once": [], "exactly_once": []}
+        self.reads = 0
+        self.read_errors = Counter[str]()
 
     def park_acknowledged(self, id: str, kind: str, due_ms: int, packed: bool) -> None:
         with self.lock:
@@ -155,7 +162,11 @@ def run(cluster: RedisClusterServers, plan: Plan) -> Outcome:
     producing, consuming = threading.Event(), threading.Event()
     producers = {f"producer-{n}": _producer(stores, plan, ledger, producing) for n in range(2)}
     with ExitStack() as stack:
-        stack.enter_context(threads_running({"consumer": _consumer(cluster, targets, ledger, consuming)}, consuming))
+        background = {
+            "consumer": _consumer(cluster, targets, ledger, consuming),
+            "reader": _reader(cluster, names, ledger, consuming),
+        }
+        stack.enter_context(threads_running(background, consuming))
         promoters = stack.enter_context(_promoters(cluster, names, targets, plan, ledger))
         with threads_running(producers, producing):
             time.sleep(plan.warmup)
@@ -215,6 +226,8 @@ def _count(
         masters=0,
         redirects={},
         resumed=False,
+        reads=ledger.reads,
+        read_errors=dict(ledger.read_errors),
     )
 
 
@@ -302,6 +315,28 @@ def _consumer(
                 stop.wait(0.005)
 
     return consume
+
+
+def _reader(
+    cluster: RedisClusterServers, names: dict[str, str], ledger: Ledger, stop: threading.Event
+) -> Callable[[], None]:
+    def read() -> None:
+        store = DelayStore.from_url(cluster.url, namespace=names["at_least_once"], **CLIENT)
+        while not stop.wait(0.1):
+            with ledger.lock:
+                some = next(reversed(ledger.parked), None) if ledger.parked else None
+            try:
+                store.stats()
+                store.list_messages("due", count=20)
+                if some is not None:
+                    store.get(some)
+            except StoreError as error:
+                ledger.read_errors[type(error).__name__] += 1
+                continue
+            ledger.reads += 1
+        store.client.close()
+
+    return read
 
 
 @contextmanager

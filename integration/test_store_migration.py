@@ -6,18 +6,23 @@ promoters go on with the other shards. (integration/test_store_rebalance.py runs
 from __future__ import annotations
 
 import functools
+import json
 import threading
 import time
 import uuid
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
+import psycopg
 import pytest
+from click.testing import CliRunner
 from redis.crc import key_slot
 
 from delay_broker import DelayStore, Envelope, ListTarget, ParkRequest, Promoter, SlotMigrating
+from delay_broker.cli import cli
 from delay_broker.deliverers import ListDeliverer
 from delay_broker.errors import NotReplicated
+from delay_broker.far import FarTier
 from delay_broker.store import migration
 from tests.helpers import wait_for
 
@@ -25,6 +30,7 @@ from .cluster_moves import SlotMove
 
 if TYPE_CHECKING:
     from .ha_servers import RedisClusterServers
+    from .servers import PostgresServer
 
 wait = functools.partial(wait_for, timeout=20.0, interval=0.05)
 
@@ -193,3 +199,61 @@ def test_promoters_go_on_with_the_other_shards_while_shard_0_s_slot_moves(
         promoter.stop()
         reader.delete(target.list_key)
     assert not promoter.running
+
+
+def test_the_far_sweep_moves_the_other_shards_rows_while_one_shard_s_slot_moves(
+    redis_cluster: RedisClusterServers, postgres: PostgresServer, unique: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(migration, "MIGRATION_WAIT", 0.3)
+    tier = FarTier(postgres.url, horizon=2.0, sweep_interval=0.1, lease=5.0, batch=100)
+    store = DelayStore.from_url(redis_cluster.url, namespace=f"farmig-{unique}", shards=SHARDS, far_tier=tier)
+    table = store._tier.table.namespace  # type: ignore[attr-defined]
+    try:
+        ids = [f"m{n}" for n in range(60)]
+        store.park_many([ParkRequest(id, envelope(id.encode()), delay=3) for id in ids])  # past the horizon
+        moving = [id for id in ids if store.shard_for(id) == 1]
+        store.park(ids_in(store, 1, 1)[0], envelope(), delay=1)  # a key of shard 1 in Redis, to move
+        assert _rows(postgres, table) == 60
+        move = move_of(redis_cluster, store, 1)
+        try:
+            time.sleep(1.2)  # every row within the horizon now
+            moved = store.sweep_far()
+            assert moved == 60 - len(moving) and _rows(postgres, table) == len(moving), "the other shards' rows"
+        finally:
+            move.finish()
+
+        def all_moved() -> bool:
+            store.sweep_far()  # the shard's rows are held back for a while, then moved
+            return _rows(postgres, table) == 0
+
+        wait_for(all_moved, 30, "the moved shard's rows moved in too")
+        for id in ids:
+            info = store.get(id)
+            assert info is not None and info.raw.endswith(id.encode()), id
+        assert store.stats().parked == 61, "each row moved in once"
+    finally:
+        store.client.close()
+        with psycopg.connect(postgres.url, autocommit=True) as connection:
+            connection.execute("DELETE FROM delay_broker_far WHERE namespace = %s", (table,))
+
+
+def _rows(postgres: PostgresServer, namespace: str) -> int:
+    with psycopg.connect(postgres.url, autocommit=True) as connection:
+        row = connection.execute("SELECT count(*) FROM delay_broker_far WHERE namespace = %s", (namespace,)).fetchone()
+        return int(row[0]) if row else 0
+
+
+def test_the_cli_waits_for_the_move(redis_cluster: RedisClusterServers, store: DelayStore) -> None:
+    store.park_many([ParkRequest(f"c-{n}", envelope(), delay=600) for n in range(30)])
+    move = move_of(redis_cluster, store, 2)
+    finisher = threading.Timer(1.0, move.finish)
+    finisher.start()
+    started = time.monotonic()
+    base = ["--redis-url", redis_cluster.url, "--namespace", store.keys.namespace]
+    stats = CliRunner().invoke(cli, ["stats", *base, "--json"])
+    took = time.monotonic() - started
+    finisher.join()
+    assert stats.exit_code == 0, stats.output
+    assert json.loads(stats.output)["parked"] == 30 and took >= 0.9, "shard 2's count read once its slot had moved"
+    listed = CliRunner().invoke(cli, ["ls", *base, "--json", "--limit", "30"])
+    assert listed.exit_code == 0 and len(json.loads(listed.output)["messages"]) == 30, listed.output

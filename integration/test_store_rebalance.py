@@ -1,7 +1,7 @@
 """A 4th master added to a real 3-master Redis Cluster (each master with a replica) and the slots rebalanced onto
 it with ``redis-cli --cluster``, while 2 producers park and promoters promote (integration/rebalance_load.py):
 nothing lost, nothing early, nothing promoted twice on the exactly-once path, duplicates within the at-least-once
-bound, and promotion goes on by itself."""
+bound, promotion goes on by itself, and what the CLI and the dashboard read is read all along."""
 
 from __future__ import annotations
 
@@ -34,5 +34,6 @@ def test_a_rebalance_onto_a_new_master_under_load_loses_nothing(caplog: pytest.L
     # which fails the promoter's cycle (counted in its errors).
     assert outcome.duplicates["at_least_once"] <= outcome.duplicate_bound, report
     assert outcome.resumed, f"promotions after the rebalance, before the drain: {report}"
+    assert outcome.reads > 0 and not outcome.read_errors, f"what the CLI and the dashboard read, all along: {report}"
     unexpected = [r.getMessage() for r in caplog.records if "unexpected" in r.getMessage().lower()]
     assert not unexpected, unexpected
