@@ -90,8 +90,10 @@ def ask_to_unknown_node(error: BaseException) -> bool:
     trace = error.__traceback__
     while trace is not None and trace.tb_next is not None:
         trace = trace.tb_next
-    code = trace.tb_frame.f_code if trace is not None else None
-    return code is not None and code.co_name == "get_redis_connection" and "redis" in code.co_filename
+    if trace is None:
+        return False
+    frame = trace.tb_frame  # where it was raised: redis-py's, and the look-up of the node's connection
+    return frame.f_code.co_name == "get_redis_connection" and frame.f_globals.get("__name__") == "redis.cluster"
 
 
 def _exhausted(error: BaseException) -> bool:
