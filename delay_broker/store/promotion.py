@@ -22,7 +22,7 @@ from .migration import BRIEF_WAIT
 from .replication import Replication
 from .replies import check_batch, chunks, stored_id, text
 from .runner import Runner
-from .shards import ClusterFailure, RedisFailure, Shards
+from .shards import ClusterFailure, Shards
 
 MIGRATION_NAP = 0.1
 """Seconds a promoter sleeps in place of its blocking wait while shard 0's slot migrates (its wake lists cannot be
@@ -203,10 +203,11 @@ class Promotion:
 
     def forget_promoter(self, promoter_id: str) -> None:
         try:
-            for space in self.shards.spaces:
-                self.shards.client.zrem(space.promoters, promoter_id)
-            self.shards.client.delete(self.shards.keys.wake_one(promoter_id))
-        except (*RedisFailure, DelayBrokerError):
+            with self.shards.calling("forgetting a promoter"):  # redis-py's failure on an ASK as SlotMigrating too
+                for space in self.shards.spaces:
+                    self.shards.client.zrem(space.promoters, promoter_id)
+                self.shards.client.delete(self.shards.keys.wake_one(promoter_id))
+        except DelayBrokerError:
             pass  # it ages out of the heartbeat window anyway (and a stopping promoter must not raise)
 
     def eviction_policies(self) -> dict[str, str]:
