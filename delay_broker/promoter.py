@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 from . import tracing
 from .backoff import Backoff
 from .claim_delivery import ClaimDelivery, Deliverer
-from .errors import ConfigurationError, DelayBrokerError, StoreError
+from .errors import ConfigurationError, DelayBrokerError, SlotMigrating, StoreError
 from .faults import Faults
 from .reports import BasicListener, PromoterCounters, PromoterListener, as_listener
 from .stop_flag import StopFlag
@@ -319,8 +319,10 @@ class Promoter:
             self._look_at = [0.0] * shards
             self._packs_at = [0.0] * shards
         any_full, looked, failed = self._look_at_shards(started)
-        if failed and len(failed) == looked:
+        if failed and len(failed) == looked and not all(isinstance(error, SlotMigrating) for _, error in failed):
             raise failed[0][1]  # nothing could be promoted: an outage, backed off as one
+        # A shard whose slot is migrating waits by its own backoff even when it was the only one looked at: the
+        # loop's backoff would hold up the other shards, which come due meanwhile.
         for shard, refusal in failed:
             # One shard failed while others were promoted: it alone is looked at again, after its own backoff.
             self._look_at[shard] = started + self._faults.shard_failed(shard, refusal)
