@@ -92,6 +92,8 @@ class Runner:
         """Calls ``(name, shard, args, extra)`` of one server in one round trip, each one's reply or its error as
         delay_broker's (for the caller of that call alone). Not on a Cluster, not with replicas: those go one by
         one. A call whose script the server lacks is made again alone (which loads it)."""
+        if self.shards.cluster:  # each script needs its slot's guard key and redirects: see run()
+            raise ValueError("run_together is for one server, not a Redis Cluster")
         pipe = self.shards.client.pipeline(transaction=False)
         for name, shard, args, extra in calls:
             keys = [*self.shards.space(shard, name).keys_of(scripts.keys_used(name)), *extra]
