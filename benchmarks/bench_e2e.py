@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 import sys
 import threading
@@ -19,7 +20,7 @@ import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from typing import Any
 
 import dramatiq
@@ -228,6 +229,45 @@ def commandstats_report(kind: str, rounds: dict[str, list[Round]]) -> str:
     return "\n\n".join((send, after, whole))
 
 
+# -- Celery's park alone ------------------------------------------------------------------------------------------
+
+
+def celery_park(url: str, count: int, rounds: int, ahead_s: float = 60.0) -> dict[str, float]:
+    """Microseconds per ``apply_async(eta=now + ahead_s)`` with no worker running (in the e2e run the native worker
+    takes its tasks while they are sent, on the same cores): ours (parked; 60 s ahead is not packed) against native
+    (an LPUSH), in chunks of 250 alternating, ``count`` a side."""
+    envs = {mode: bench_celery.env_for(url, url, mode) for mode in ("ours", "native")}
+    apps = {mode: make_app(env) for mode, env in envs.items()}
+    tasks = {mode: app.tasks["bench.e2e_probe"] for mode, app in apps.items()}
+    counting.install()  # as in the e2e rounds: both sides pay the counting
+    try:
+        for task in tasks.values():  # connections made, scripts loaded
+            for n in range(20):
+                task.apply_async(args=(n, 0.0), eta=datetime.now(timezone.utc) + timedelta(seconds=ahead_s))
+        spent = {"ours": 0.0, "native": 0.0}
+        chunk, sent = 250, 0
+        for n in range(max(1, count // chunk // rounds) * rounds):
+            for mode in ("ours", "native") if n % 2 == 0 else ("native", "ours"):
+                eta = datetime.now(timezone.utc) + timedelta(seconds=ahead_s)
+                began = time.perf_counter()
+                for i in range(chunk):
+                    tasks[mode].apply_async(args=(i, 0.0), eta=eta)
+                spent[mode] += time.perf_counter() - began
+            sent += chunk
+    finally:
+        counting.uninstall()
+    client = counting.uncounted_client(url)
+    delete_store(DelayStore(client, namespace=envs["ours"]["BENCH_NS"]))
+    for env in envs.values():
+        for key in client.scan_iter(match=f"{env['BENCH_QUEUE']}*"):
+            client.delete(key)
+    client.close()
+    for app in apps.values():
+        app.close()
+    ours, native = spent["ours"] / sent * 1e6, spent["native"] / sent * 1e6
+    return {"celery_park_us_ours": ours, "celery_park_us_native": native, "celery_park_ratio": ours / native}
+
+
 # -- parks from 8 threads ---------------------------------------------------------------------------------------
 
 
@@ -324,9 +364,12 @@ print(json.dumps({"rss_kb": rss, "modules": len(sys.modules), "packages": packag
 
 def _rss_once(url: str, code: str, with_delay_broker: bool) -> dict[str, Any]:
     prelude = f"URL = {url!r}\nWITH = {with_delay_broker!r}\n"
+    # With bytecode caches, as an installed worker runs: compiling every module at import (PYTHONDONTWRITEBYTECODE
+    # and no caches yet) leaves a process 16 MB larger.
+    env = {name: value for name, value in os.environ.items() if name != "PYTHONDONTWRITEBYTECODE"}
     output = subprocess.run(
-        [sys.executable, "-c", prelude + code + REPORT], cwd=ROOT, capture_output=True, text=True, check=True,
-        timeout=120,
+        [sys.executable, "-c", prelude + code + REPORT], cwd=ROOT, env=env, capture_output=True, text=True,
+        check=True, timeout=120,
     ).stdout  # fmt: skip
     found: dict[str, Any] = json.loads(output.strip().splitlines()[-1])
     return found
@@ -338,7 +381,7 @@ def import_rss(url: str, framework: str, runs: int = 3) -> dict[str, Any]:
     code = DRAMATIQ_WORKER if framework == "dramatiq" else CELERY_WORKER
     rss: dict[bool, list[float]] = {True: [], False: []}
     seen: dict[bool, dict[str, Any]] = {}
-    for with_delay_broker in (True, False):  # untimed: bytecode caches written, files in the page cache
+    for with_delay_broker in (True, False):  # not counted: bytecode caches written, files in the page cache
         _rss_once(url, code, with_delay_broker)
     for n in range(runs):
         for with_delay_broker in (True, False) if n % 2 == 0 else (False, True):
@@ -349,6 +392,8 @@ def import_rss(url: str, framework: str, runs: int = 3) -> dict[str, Any]:
         "with_mb": median(rss[True]),
         "without_mb": median(rss[False]),
         "delta_mb": median(rss[True]) - median(rss[False]),
-        "packages": sorted(set(seen[True]["packages"]) - set(seen[False]["packages"])),
+        "packages": sorted(
+            name for name in set(seen[True]["packages"]) - set(seen[False]["packages"]) if not name.startswith("_")
+        ),
         "extra_modules": seen[True]["modules"] - seen[False]["modules"],
     }

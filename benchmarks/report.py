@@ -110,7 +110,8 @@ class Report:
         row.extra = extra
 
     def note(self, text: str) -> None:
-        self.notes.append((self.section, text))
+        if (self.section, text) not in self.notes:  # a repeated run says the same once
+            self.notes.append((self.section, text))
 
     def sections(self) -> list[str]:
         return [name for name in (MAIN, E2E) if name in self.values.sections.values()]
