@@ -82,8 +82,9 @@ def run_window(watch: Watch, batch: Batch, mode: str) -> Round:
     per_send = (time.perf_counter() - timed_from) / (WARM_UP - WARM_UP // 5)
     wait_for(lambda: watch.recorded() >= WARM_UP, 60, f"{mode}: warm-up tasks ran", 0.05)
     time.sleep(0.3)  # the worker's counts published after them
-    # Due once the rest is sent, with room for a slower send (the native worker takes its messages meanwhile).
-    lead_s = 2.0 + 1.5 * per_send * (batch.count - WARM_UP)
+    # Due once the rest is sent, with room for a slower send: the native workers take their messages meanwhile, on
+    # the same cores (a native Celery producer sent 1.6 times slower than during the warm-up).
+    lead_s = 3.0 + 2.0 * per_send * (batch.count - WARM_UP)
     first = Snapshot.take(watch)
     due = now_ms() + lead_s * 1000.0
     began = time.perf_counter()
@@ -102,8 +103,8 @@ def run_window(watch: Watch, batch: Batch, mode: str) -> Round:
     early = sum(started < row_due - 1.0 for _, row_due, started in rows)
     if early:
         problems.append(f"{mode}: {early} tasks ran before their due time")
-    if margin_ms < 200:
-        problems.append(f"{mode}: the send ended {-margin_ms:.0f} ms after the due time - 200 ms")
+    if margin_ms < 200:  # the last sends were not parked ahead: the drain includes the end of the send
+        problems.append(f"{mode}: the send ended {margin_ms:.0f} ms before the due time (less than 200)")
     return Round(
         mode,
         Window.between(first, last),
