@@ -27,6 +27,7 @@ from celery import bootsteps
 from ..envelope import Envelope
 from ..errors import DelayBrokerError
 from .app import app_options
+from .config import RECEIPT_SLACK
 from .messages import FRAMEWORK, amqp_route, encode_amqp, encode_virtual, task_info
 from .parking import Parker
 from .stores import REDIS_KINDS
@@ -41,12 +42,15 @@ class Receiver:
       parker: the transport's parker (its store, threshold and route book).
       kind: the transport (``redis``, ``sentinel`` or ``amqp``).
       consumer: Celery's worker consumer (its task queues, connection errors and revoked ids).
+      at_least: a task due sooner than this (seconds) is never parked here, whatever the threshold: promoters send
+        parked tasks ``promote_ahead`` before their eta, and one of those must not be parked again.
     """
 
-    def __init__(self, parker: Parker, kind: str, consumer: Any) -> None:
+    def __init__(self, parker: Parker, kind: str, consumer: Any, at_least: float = 0.0) -> None:
         self.parker = parker
         self.kind = kind
         self.consumer = consumer
+        self.at_least = at_least
         self._queues: dict[tuple[str, str], str | None] = {}
 
     def wrap(self, strategy: Any) -> Any:
@@ -55,7 +59,7 @@ class Receiver:
     def park(self, message: Any) -> bool:
         """Park ``message`` if it is a task due later than the threshold; whether it was parked."""
         info = task_info(message.headers)
-        due = self.parker.due_if_parked(info)
+        due = self.parker.due_if_parked(info, at_least=self.at_least)
         if info is None or due is None or info.id in self.consumer.controller.state.revoked:
             return False  # a revoked task is Celery's to discard
         where = self._where(message)
@@ -146,6 +150,6 @@ class ParkOnReceipt(bootsteps.StartStopStep):  # type: ignore[misc]
         kind = getattr(transport, "delay_broker_kind", None)
         if parker is None or kind not in (*REDIS_KINDS, "amqp"):
             return
-        receiver = Receiver(parker, kind, parent)
+        receiver = Receiver(parker, kind, parent, app_options(parent.app).promote_ahead + RECEIPT_SLACK)
         for name, strategy in list(parent.strategies.items()):
             parent.strategies[name] = receiver.wrap(strategy)

@@ -29,6 +29,17 @@ MIGRATION_NAP = 0.1
 watched then)."""
 
 
+MAX_AHEAD = 60.0
+"""The most seconds before its due time a message may be promoted: its consumer holds it meanwhile."""
+
+
+def ahead_to_ms(ahead: float) -> int:
+    """A promoter's ``ahead`` (seconds) in ms, refused outside 0..MAX_AHEAD."""
+    if not 0 <= ahead <= MAX_AHEAD:
+        raise ValueError(f"ahead must be between 0 and {MAX_AHEAD:g} seconds, got {ahead!r}")
+    return round(ahead * 1000)
+
+
 def new_promoter_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
@@ -57,12 +68,13 @@ class Promotion:
 
     # -- at least once ---------------------------------------------------------------------------------
 
-    def claim(self, batch: int, lease: float, promoter_id: str, shard: int) -> Claim:
+    def claim(self, batch: int, lease: float, promoter_id: str, shard: int, ahead: float) -> Claim:
         # Durable stores check for an in-sync replica first and do not WAIT after: a claim whose WAIT failed would
         # hold messages it never hands over until their lease expires and counts an attempt. A claim lost in a
         # failover only means a redelivery, which at-least-once allows; acks still WAIT.
         self.replication.require(shard, "claiming")
-        args = [check_batch(batch), delay_to_ms(lease), self.max_attempts, promoter_id]
+        ahead_ms = ahead_to_ms(ahead)
+        args = [check_batch(batch), delay_to_ms(lease), self.max_attempts, promoter_id, ahead_ms]
         reply = self.runner.run("claim", shard, args, write=False, migration_wait=BRIEF_WAIT)
         messages = []
         dead_end = len(reply) - 2 * int(reply[3])
@@ -76,7 +88,9 @@ class Promotion:
             messages.append(ClaimedMessage(id, due_of_score(score), raw, envelope, problem))
         next_wake = int(reply[2])
         dead = [(stored_id(reply[n]), text(reply[n + 1])) for n in range(dead_end, len(reply), 2)]
-        return Claim(int(reply[0]), int(reply[1]), None if next_wake < 0 else next_wake, messages, shard, dead)
+        return Claim(
+            int(reply[0]), int(reply[1]), None if next_wake < 0 else next_wake, messages, shard, dead, ahead_ms
+        )
 
     def ack(self, lease_deadline_ms: int, ids: Sequence[str], shard: int) -> int:
         return sum(int(self.runner.run("ack", shard, [lease_deadline_ms, *chunk])) for chunk in chunks(list(ids)))
@@ -126,14 +140,21 @@ class Promotion:
             )
 
     def promote_direct(
-        self, routes: Mapping[str, ListTarget], batch: int, promoter_id: str, shard: int, lateness: bool
+        self,
+        routes: Mapping[str, ListTarget],
+        batch: int,
+        promoter_id: str,
+        shard: int,
+        lateness: bool,
+        ahead: float,
     ) -> DirectPromotion:
         self.check_direct(routes)
+        ahead_ms = ahead_to_ms(ahead)
         if not routes:
-            return self._idle_look(shard)
+            return self._idle_look(shard, ahead_ms)
         self.replication.require(shard, "promoting")
         extra: list[str] = []
-        args: list[Any] = [check_batch(batch), promoter_id, "1" if lateness else ""]
+        args: list[Any] = [check_batch(batch), promoter_id, "1" if lateness else "", ahead_ms]
         for name, target in routes.items():
             extra.extend((target.list_key, target.hash_key or target.list_key))
             args.extend((name, target.mode))
@@ -155,12 +176,12 @@ class Promotion:
             traced=[TracedPromotion(*entries[i : i + 4]) for i in range(0, len(entries), 4)],
         )
 
-    def _idle_look(self, shard: int) -> DirectPromotion:
+    def _idle_look(self, shard: int, ahead_ms: int) -> DirectPromotion:
         """What a promotion with no route would see: nothing moved, the clock, and the shard's head while it is
         still ahead. An overdue head stays overdue until a route is declared, so it is no reason to look again
         at once: the promoter sleeps its ``max_idle`` instead of spinning."""
         snapshot = self.runner.run("stats", shard, [30_000], write=False, migration_wait=BRIEF_WAIT)
-        now, head = int(snapshot[0]), int(snapshot[5])
+        now, head = int(snapshot[0]), int(snapshot[5]) - ahead_ms
         return DirectPromotion(now, head if head > now else None, 0, 0, [], shard)
 
     # -- sleeping and waking ---------------------------------------------------------------------------
