@@ -29,11 +29,12 @@ MAX_COMPLEXITY = 15
 
 STORE_ORDER: list[set[str]] = [
     {"options", "replies"},
-    {"encoding"},
+    {"encoding", "layouts"},
     {"shards"},
+    {"migration"},
     {"replication"},
     {"runner"},
-    {"far_view"},
+    {"far_view", "rehoming"},
     {"parking", "packs", "registry", "dead_letters", "promotion", "stats"},
     {"reading", "check_read", "batching"},
     {"sweeping", "check_findings"},

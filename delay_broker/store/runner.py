@@ -94,6 +94,8 @@ class Runner:
         one. A call whose script the server lacks is made again alone (which loads it)."""
         if self.shards.cluster:  # each script needs its slot's guard key and redirects: see run()
             raise ValueError("run_together is for one server, not a Redis Cluster")
+        if not calls:
+            return []
         pipe = self.shards.client.pipeline(transaction=False)
         for name, shard, args, extra in calls:
             keys = [*self.shards.space(shard, name).keys_of(scripts.keys_used(name)), *extra]
