@@ -38,7 +38,7 @@ STORE_ORDER: list[set[str]] = [
     {"parking", "packs", "registry", "dead_letters", "promotion", "stats"},
     {"reading", "check_read", "batching"},
     {"sweeping", "check_findings"},
-    {"tiers", "checking"},
+    {"tiers", "checking", "resharding"},
     {"parts"},
     {"facade"},
     {"__init__"},

@@ -165,6 +165,11 @@ class Shards:
         with contextlib.suppress(DelayBrokerError):
             self.view()
 
+    def reload(self, doing: str = "reading the shard layout") -> View:
+        """The layout read again now, a failure raised (a reshard's steps read it so)."""
+        with self._lock:
+            return self._adopt(self._fetch(doing))
+
     def follow(self, refused: LayoutChanged) -> View:
         """After a park refused because the shard's layout generation is newer than this process's: the layout
         read again until it has that generation (the reshard writes its layout key a moment before the markers),
