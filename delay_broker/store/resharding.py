@@ -34,7 +34,7 @@ SETTLE_SECONDS = 2 * LAYOUT_TTL + MIGRATION_WAIT + 1.0
 """Seconds between announcing a reshard and parking by the new layout: every live process reads the layout again
 within :data:`~.layouts.LAYOUT_TTL` as it is used, and a call already under way may wait up to
 :data:`~.migration.MIGRATION_WAIT` for a Cluster slot."""
-LOCK_SECONDS = 10.0
+LOCK_SECONDS = 5.0
 """How long the lock of a reshard lasts unless renewed (a killed run's lock is waited for that long at most)."""
 LEASE_PAUSE = 1.0
 """Seconds between two passes that found nothing to move but messages in flight in their old shards."""
