@@ -146,7 +146,11 @@ class Rehoming:
         args.extend(message.error for message in batch)
         for message in batch:
             args.extend((message.id, f"@{message.at_ms}", message.envelope))
-        reply = self.runner.by_id("rehome", shard, ids, args, targets=targets, binaries=binaries)
+        # Confirmed by a replica whenever the new home's master has one (as far-tier moves are): the batch is dropped
+        # from its old shard next, and a failover losing this write would lose the messages.
+        replication = self.runner.replication
+        replicas = replication.replicas or replication.present(shard)
+        reply = self.runner.by_id("rehome", shard, ids, args, targets=targets, binaries=binaries, replicas=replicas)
         if len(reply) == 1:
             return 0
         woke, over, fullest, _ = reply[-4:]

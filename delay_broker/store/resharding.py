@@ -245,11 +245,13 @@ class Resharder:
     # -- re-homing -------------------------------------------------------------------------------------
 
     def _rehome_all(self, view: View) -> int:
-        """Passes over the old layout's shards until one finds nothing to move, nothing in flight out of its home
-        and nothing in transit (and the shards the new layout leaves empty); how many passes were made."""
+        """Passes over the old layout's shards until two in a row find nothing to move, nothing in flight out of its
+        home and nothing in transit (and the shards the new layout leaves empty): a message a promoter claims while
+        a pass reads its index and gives back before the pass ends is missed by that pass only. How many passes
+        were made."""
         assert view.old is not None and view.new is not None
-        passes = 0
-        while True:
+        passes = clean = 0
+        while clean < 2:
             passes += 1
             self._records = None
             for shard in view.old:
@@ -259,11 +261,11 @@ class Resharder:
                 moved, left = self._pass(view, shard)
                 found, waiting = found + moved, waiting + left
             self.progress(f"pass {passes}: {found:,} moved, {waiting:,} in flight or left", self.moved)
-            if found == 0 and waiting == 0:
-                return passes
-            if found == 0:
+            clean = clean + 1 if found == 0 and waiting == 0 else 0
+            if found == 0 and waiting:
                 time.sleep(LEASE_PAUSE)  # in-flight messages: acknowledged, or given back when their lease ends
             self._renew()
+        return passes
 
     def _pass(self, view: View, shard: int) -> tuple[int, int]:
         """One look at an old shard: its misplaced messages moved; how many, and how many are left (in flight; for
