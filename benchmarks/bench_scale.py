@@ -435,7 +435,7 @@ def report_reshard(messages: int, payload: int) -> None:
     out("reshard_read_misses", figures["read_misses"])
     result = reshard_rate(messages, payload)
     say(
-        f"{result['messages']} messages of {payload} B in {plan.source} shards (half due in 10 min, half in a day, "
+        f"{result['messages']} messages of {payload} B in {plan.source} shards (half due in 2 min, half in a day, "
         f"packed), resharded to {plan.target} on a quiet server: {result['moved']} moved in {result['seconds']:.1f} s "
         f"({result['passes']} passes; {result['wall']:.1f} s in all with the clean-up), {result['parked_after']} "
         f"parked after ({result['packed_after']} packed)"

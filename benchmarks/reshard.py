@@ -24,7 +24,7 @@ def reshard_under_load(plan: Plan = PLAN) -> dict[str, Any]:
 
 
 def reshard_rate(messages: int, payload: int, *, source: int = 3, target: int = 12) -> dict[str, Any]:
-    """``messages`` parked in ``source`` shards (half due in 10 minutes in the ordinary layout, half in a day,
+    """``messages`` parked in ``source`` shards (half due in 2 minutes, in the ordinary layout, half in a day,
     packed), then resharded to ``target`` with nothing else running: messages re-homed per second."""
     with EmbeddedRedis() as server:
         client = server.client(socket_timeout=60)
@@ -32,7 +32,7 @@ def reshard_rate(messages: int, payload: int, *, source: int = 3, target: int = 
         body = b"p" * payload
         for start in range(0, messages, 1000):
             store.park_many(
-                [ParkRequest(str(uuid.uuid4()), Envelope("ready", body), delay=600 if n % 2 else 86_400)
+                [ParkRequest(str(uuid.uuid4()), Envelope("ready", body), delay=120 if n % 2 else 86_400)
                  for n in range(start, min(messages, start + 1000))]
             )  # fmt: skip
         parked = store.stats().parked

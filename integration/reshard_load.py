@@ -1,9 +1,11 @@
 """A namespace resharded under load with ``delay-broker reshard``, the command SIGKILLed midway and run again; run by
 integration/test_store_reshard.py (small) and benchmarks/bench_scale.py (bigger). On one Redis server, where
-exactly-once promotion works with several shards (on a Cluster ``check_direct`` refuses it):
+exactly-once promotion works with several shards, or on a Redis Cluster, where ``check_direct`` refuses it and
+promotion is at least once:
 
 - A namespace of ``source`` shards, parked into by 2 producer threads (each message due within seconds, or later
-  and packed) and promoted exactly once (``DirectLists``) into a list by 2 promoters, each with a store of its own.
+  and packed) and promoted into a list by 2 promoters, each with a store of its own: exactly once
+  (``DirectLists``), or at least once (``ListDeliverer``).
 - A backlog parked before the run: half due during the reshard (so promoted from their new homes as they arrive),
   half due in a day (packed; moved, never promoted during the run).
 - ``delay-broker reshard --to <target> --yes`` in a process of its own, SIGKILLed once it has moved a share of
@@ -13,7 +15,9 @@ exactly-once promotion works with several shards (on a Cluster ``check_direct`` 
   transit), and a page and the counts, as the CLI and the dashboard do.
 
 Every park is made again with the same id and due time until it is acknowledged; lost = acknowledged, never
-consumed (or, for the day-ahead backlog, no longer found); duplicated = consumed twice.
+consumed (or, for the day-ahead backlog, no longer found); duplicated = consumed twice. At least once, a message
+runs again only when its claim's acknowledgement failed for the whole lease, which fails the promoter's cycle:
+duplicates <= the promoters' batch x their errors.
 """
 
 from __future__ import annotations
@@ -33,10 +37,9 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
-import redis
-
 from delay_broker import DelayStore, Envelope, ListTarget, ParkRequest, Promoter, StoreError
-from delay_broker.deliverers import DirectLists
+from delay_broker.connect import client_from_url
+from delay_broker.deliverers import DirectLists, ListDeliverer
 from tests.helpers import threads_running
 
 SOON = (1.0, 4.0)
@@ -44,6 +47,8 @@ SOON = (1.0, 4.0)
 LATER = (11.0, 15.0)
 """Delays (s) of their packed messages (``pack_after`` 10 s): their packs are opened 5 s before they are due."""
 PACK_AFTER = 10.0
+BATCH = 200
+"""The promoters' batch."""
 CLIENT = {"socket_timeout": 10.0}
 
 
@@ -65,6 +70,8 @@ class Plan:
     kill_at: float = 0.3
     """The share of the backlog's moves after which the first run is killed."""
     packed_share: float = 0.4
+    exactly_once: bool = True
+    """Promote with ``DirectLists`` (one server only), else with a ``ListDeliverer``."""
 
 
 @dataclass
@@ -89,6 +96,8 @@ class Outcome:
     reads: int
     max_lateness_ms: int
     promoter_errors: int
+    duplicate_bound: int
+    """At least once: the promoters' batch x their errors (0 exactly once)."""
     shards_after: int
     layout_after: str
     output: str = field(repr=False, default="")
@@ -128,7 +137,7 @@ def run(url: str, plan: Plan) -> Outcome:
             "reader": _reader(url, namespace, day, ledger, consuming),
         }
         stack.enter_context(threads_running(background, consuming))
-        promoters = stack.enter_context(_promoters(url, namespace, target))
+        promoters = stack.enter_context(_promoters(url, namespace, target, plan.exactly_once))
         with threads_running({f"producer-{n}": _producer(store, plan, ledger, producing) for n in range(2)}, producing):
             time.sleep(plan.warmup)
             killed, before_kill, output = _killed_run(url, namespace, plan, store)
@@ -158,6 +167,7 @@ def run(url: str, plan: Plan) -> Outcome:
         reads=ledger.reads,
         max_lateness_ms=max(lateness, default=0),
         promoter_errors=errors,
+        duplicate_bound=0 if plan.exactly_once else BATCH * errors,
         shards_after=after.stats().shards,
         layout_after=(after.client.get(after.keys.layout) or b"").decode(),  # type: ignore[union-attr]
         output=output + rerun,
@@ -257,7 +267,7 @@ def _producer(store: DelayStore, plan: Plan, ledger: Ledger, stop: threading.Eve
 
 def _consumer(url: str, target: str, ledger: Ledger, stop: threading.Event) -> Callable[[], None]:
     def consume() -> None:
-        client = redis.Redis.from_url(url, **CLIENT)  # type: ignore[arg-type]
+        client = client_from_url(url, **CLIENT)
         while not stop.is_set():
             items = client.rpop(target, 500)
             if items:
@@ -288,14 +298,16 @@ def _reader(url: str, namespace: str, day: list[str], ledger: Ledger, stop: thre
 
 
 @contextmanager
-def _promoters(url: str, namespace: str, target: str) -> Iterator[list[Promoter]]:
-    """2 exactly-once promoters, each with a store (and a client) of its own, as separate processes have."""
+def _promoters(url: str, namespace: str, target: str, exactly_once: bool) -> Iterator[list[Promoter]]:
+    """2 promoters, each with a store (and a client) of its own, as separate processes have."""
     started: list[Promoter] = []
     try:
         for _ in range(2):
             store = DelayStore.from_url(url, namespace=namespace, pack_after=PACK_AFTER, **CLIENT)
-            deliverer = DirectLists({"ready": ListTarget(target)})
-            started.append(Promoter(store, deliverer, batch=200, max_idle=1.0, keep_lateness=True).start())
+            route = {"ready": ListTarget(target)}
+            deliverer = DirectLists(route) if exactly_once else ListDeliverer(store.client, route)
+            promoter = Promoter(store, deliverer, batch=BATCH, lease=10.0, max_idle=1.0, keep_lateness=True)
+            started.append(promoter.start())
         yield started
     finally:
         for promoter in started:

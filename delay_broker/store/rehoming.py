@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from ..errors import DelayBrokerError, LayoutChanged
-from ..packing import PackPolicy, binary_id
+from ..packing import Location, PackPolicy, binary_id
 from .encoding import Due, Parcel
 from .layouts import View
 from .replies import text
@@ -29,7 +29,7 @@ REHOME_BATCH = 500
 REHOME_BYTES = 512 * 1024
 """Bytes of records taken in one call at most (beyond the first message): a call blocks its Redis as long as it
 copies, as a pack opening does."""
-STRANDED_AFTER_MS = 30_000
+STRANDED_AFTER_MS = 10_000
 """A batch left in transit this long is taken for one a killed reshard left: promoters finish it."""
 LAYOUT_TRIES = 5
 """Parks by the layout in force made at most, when each finds it changed (see :meth:`Shards.follow`)."""
@@ -110,9 +110,17 @@ class Rehoming:
 
     # -- a batch's three steps -------------------------------------------------------------------------
 
-    def take(self, shard: int, ids: Sequence[str], token: str, budget: int = REHOME_BYTES) -> Taken:
-        """Take ``ids`` (of one old shard, at most :data:`REHOME_BATCH`) into its ``moving`` hash under ``token``."""
-        reply = self.runner.by_id("rehome_take", shard, list(ids), [token, budget, *ids])
+    def take(
+        self,
+        shard: int,
+        ids: Sequence[str],
+        token: str,
+        budget: int = REHOME_BYTES,
+        packed: Sequence[Location | None] | None = None,
+    ) -> Taken:
+        """Take ``ids`` (of one old shard, at most :data:`REHOME_BATCH`) into its ``moving`` hash under ``token``
+        (``packed``: where each was seen packed, saving a call)."""
+        reply = self.runner.by_id("rehome_take", shard, list(ids), [token, budget, *ids], packed=packed)
         codes = [int(code) for code in reply[: len(ids)]]
         values = iter(reply[len(ids) :])
         moving = [Moving.parse(id, next(values)) for id, code in zip(ids, codes, strict=True) if code in (2, 3)]

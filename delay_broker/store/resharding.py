@@ -12,13 +12,14 @@ import socket
 import time
 import uuid
 import zlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..clock import due_of_score
 from ..errors import DelayBrokerError
 from ..keys import MAX_SHARDS, Keyspace, shard_tags
+from ..packing import Location
 from ..schedule_defs import occurrence_id
 from .layouts import LAYOUT_TTL, Layout, View
 from .migration import MIGRATION_WAIT
@@ -106,6 +107,8 @@ class ReshardReport:
         }
 
 
+Entry = tuple[str, "int | None", "Location | None"]
+"""A message of an old shard as a pass reads it: its id, its due time when known, where it is packed."""
 Progress = Callable[[str, int], None]
 """Told what a reshard is doing (a step or a pass) and how many messages it has moved so far."""
 
@@ -271,22 +274,30 @@ class Resharder:
         """One look at an old shard: its misplaced messages moved; how many, and how many are left (in flight; for
         a shard the new layout leaves, anything at all). In flight first: a message given back after that look is
         in its index when the index is read after."""
-        in_flight = self._misplaced(view, shard, [(id, None) for id, _ in self._entries(shard, "inflight")])
-        moved = self._move(view, shard, [(id, due_of_score(score)) for id, score in self._entries(shard, "due")])
-        moved += self._move(view, shard, [(id, None) for id, _ in self._entries(shard, "dead")])
-        after = None
-        while True:
-            scan = self.reading.scan_packs(shard, None, None, after, SCAN_PAGE * 5, SCAN_PAGE, headers_only=True)
-            moved += self._move(view, shard, [(info.id, info.due_ms) for _, info in scan.matches])
-            if scan.exhausted:
-                break
-            after = scan.last
+        in_flight = self._misplaced(view, shard, [(id, None, None) for id, _ in self._entries(shard, "inflight")])
+        moved = self._move(
+            view, shard, ([(id, due_of_score(score), None)] for id, score in self._entries(shard, "due"))
+        )
+        moved += self._move(view, shard, ([(id, None, None)] for id, _ in self._entries(shard, "dead")))
+        moved += self._move(view, shard, self._packed(shard))
         left = len(in_flight)
         if shard not in (view.new or ()):  # left by the new layout: empty, checked at once, before it is finished
             space = self.shards.spaces[shard]
             with self.shards.calling("looking at an old shard"):
                 left += int(self.shards.client.exists(space.due, space.dead, space.inflight, space.packs, space.moving))
         return moved, left
+
+    def _packed(self, shard: int) -> Iterator[list[Entry]]:
+        """The shard's packed messages, page after page: id, due time, where it is packed."""
+        after = None
+        while True:
+            scan = self.reading.scan_packs(shard, None, None, after, SCAN_PAGE * 5, SCAN_PAGE, headers_only=True)
+            yield [
+                (info.id, info.due_ms, Location.parse(position[1].replace("/", ":"))) for position, info in scan.matches
+            ]
+            if scan.exhausted:
+                return
+            after = scan.last
 
     def _entries(self, shard: int, state: str) -> Iterator[tuple[str, float]]:
         """The ids of a shard's index (``due``, ``dead``, ``inflight``) with their scores, page after page by score
@@ -309,14 +320,15 @@ class Resharder:
                 return
             low = f"({page[-1][1]!r}"
 
-    def _misplaced(self, view: View, shard: int, entries: list[tuple[str, int | None]]) -> list[str]:
-        """The ids of ``entries`` (id, due ms when known) whose home in the new layout is another shard: not a
-        recurring schedule's occurrence in shard 0, which stays there."""
+    def _misplaced(self, view: View, shard: int, entries: list[Entry]) -> list[Entry]:
+        """The ``entries`` (id, due ms when known, pack location) whose home in the new layout is another shard:
+        not a recurring schedule's occurrence in shard 0, which stays there."""
         found = []
-        for id, due_ms in entries:
+        for entry in entries:
+            id, due_ms, _ = entry
             if view.new_home(id) == shard or (shard == 0 and due_ms is not None and self._occurrence(id, due_ms)):
                 continue
-            found.append(id)
+            found.append(entry)
         return found
 
     def _occurrence(self, id: str, due_ms: int) -> bool:
@@ -331,18 +343,31 @@ class Resharder:
         namespace = self.shards.keys.namespace
         return any(occurrence_id(namespace, record, due_ms) == id for record in self._records)
 
-    def _move(self, view: View, shard: int, entries: list[tuple[str, int | None]]) -> int:
-        """The misplaced ones among ``entries`` moved, a batch at a time; how many were parked in new homes."""
-        pending = self._misplaced(view, shard, entries)
+    def _move(self, view: View, shard: int, pages: Iterable[list[Entry]]) -> int:
+        """The misplaced ones among the entries of ``pages`` moved, in batches of one new home each (one call to
+        park them), gathered over pages; how many were taken."""
+        by_home: dict[int, list[Entry]] = {}
+        gathered = moved = 0
+        for page in pages:
+            for entry in self._misplaced(view, shard, page):
+                by_home.setdefault(view.new_home(entry[0]), []).append(entry)
+                gathered += 1
+            if gathered >= self.batch * len(view.new or ()):
+                moved += sum(self._move_batches(view, shard, entries) for entries in by_home.values())
+                by_home, gathered = {}, 0
+        return moved + sum(self._move_batches(view, shard, entries) for entries in by_home.values())
+
+    def _move_batches(self, view: View, shard: int, entries: list[Entry]) -> int:
         moved = 0
-        while pending:
-            chunk, pending = pending[: self.batch], pending[self.batch :]
+        while entries:
+            batch, entries = entries[: self.batch], entries[self.batch :]
             token = f"{view.generation}-{uuid.uuid4().hex[:16]}"
-            taken = self.rehoming.take(shard, chunk, token)
-            written = self.rehoming.carry(shard, taken.moving) if taken.moving else 0
+            packed = [location for _, _, location in batch]
+            taken = self.rehoming.take(shard, [id for id, _, _ in batch], token, packed=packed)
+            self.moved += self.rehoming.carry(shard, taken.moving) if taken.moving else 0
             moved += len(taken.moving)
-            self.moved += written
-            pending = taken.left + pending
+            left = set(taken.left)
+            entries = [entry for entry in batch if entry[0] in left] + entries
             self.progress(f"shard {shard}", self.moved)
             self._renew()
         return moved
