@@ -178,6 +178,7 @@ class Resharder:
 
     def run(self) -> ReshardReport:
         """Take every step left, in order; a report of what was done."""
+        self._finish_transit()
         with self._locked():
             before, read = self._read()
             report = ReshardReport(self.shards.keys.namespace, self.to, before, before, dry_run=False)
@@ -203,6 +204,14 @@ class Resharder:
             report.seconds, report.moved = time.monotonic() - started, self.moved
             self._clean_up(report.after)
             return report
+
+    def _finish_transit(self) -> None:
+        """Before waiting for a killed run's lock: the batches it left in transit finished at once (each step is
+        idempotent, so a run still alive finishing them too is harmless), rather than held until the lock runs out."""
+        view = self.shards.reload()
+        if view.moving and view.old is not None:
+            for shard in view.old:
+                self.moved += self.rehoming.finish(shard)
 
     def status(self) -> ReshardReport:
         """Where the namespace stands, and about how many messages a reshard to ``to`` moves: changes nothing."""
