@@ -126,7 +126,7 @@ class DelayStore:
 
     @property
     def shards(self) -> list[Keyspace]:
-        """The key sets of every shard, shard 0 first (read from the namespace on first use)."""
+        """The key sets of every shard this store knows, by number, shard 0 first: during a reshard both layouts'."""
         return self._shards.spaces
 
     def refresh_layout(self) -> None:
