@@ -55,6 +55,7 @@ class Shards:
         self._master: tuple[str, int] | None = None
         self._wake_tokens: dict[bytes, int] = {}
         self._unrecordable = False
+        self._unreadable = ""
         self._clock_offset: tuple[float, int] | None = None
 
     # -- errors ----------------------------------------------------------------------------------------
@@ -118,10 +119,14 @@ class Shards:
             except DelayBrokerError as error:
                 if view is None:
                     raise
-                # Redis away (the call that follows says so) or a layout this release cannot read: the last one
-                # read stays, and the key is read again on the next use after a pause.
-                logger.debug("Store %r: reading the shard layout failed: %s", self.keys.namespace, error)
-                self._read_at = time.monotonic() - LAYOUT_TTL / 2
+                # Not read again before LAYOUT_TTL: in an outage a call makes one attempt to reach Redis, not two.
+                self._read_at = time.monotonic()
+                if isinstance(error, StoreError):
+                    raise  # Redis away: the call would fail the same way
+                # A layout this release cannot read: the last one read stays.
+                logger.warning(
+                    "Store %r: cannot read the shard layout, keeping the last one: %s", self.keys.namespace, error
+                )
                 return view
             return self._adopt(layout)
 
@@ -159,11 +164,10 @@ class Shards:
 
     def refresh(self) -> None:
         """Read the layout again now (promoters call it every ``max_idle``): a store that took the default of one
-        shard then serves the shards a later process recorded, and a reshard is seen. A failure is left to the
-        calls that follow."""
+        shard then serves the shards a later process recorded, and a reshard is seen. Raises
+        :class:`StoreUnavailable` when Redis is away, as the calls after it would."""
         self._read_at = float("-inf")
-        with contextlib.suppress(DelayBrokerError):
-            self.view()
+        self.view()
 
     def reload(self, doing: str = "reading the shard layout") -> View:
         """The layout read again now, a failure raised (a reshard's steps read it so)."""
@@ -266,7 +270,7 @@ class Shards:
         serving = tuple(sorted({*homes, *(old or ()), *(new or ())}))
         view = View(layout, homes, old, new, serving)
         previous = self._view
-        if previous is not None and previous.layout != layout and layout.recorded:
+        if previous is not None and _said(previous.layout) != _said(layout):
             logger.info("Store %r: the namespace now has %s.", namespace, layout.describe())
         self._wake_tokens = {space.wake.encode(): n for n, space in enumerate(spaces)}
         self._view, self._read_at = view, time.monotonic()
@@ -330,6 +334,11 @@ class Shards:
         """The shards a token popped from a wake list asks to look at (all of them for a stop or unknown one)."""
         shard = self._wake_tokens.get(token if isinstance(token, bytes) else token.encode())
         return frozenset(self.serving) if shard is None else frozenset((shard,))
+
+
+def _said(layout: Layout) -> tuple[int, int, str]:
+    """What a change of layout is logged for (not its being recorded, nor a reshard's times)."""
+    return layout.shards, layout.generation, layout.state
 
 
 def check_client(client: AnyRedis) -> None:
