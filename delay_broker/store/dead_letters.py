@@ -94,19 +94,19 @@ class DeadLetters:
         return total
 
     def purge(self, ids: Sequence[str] | None, dead_by_ms: int | None) -> int:
-        total = 0
         if ids is None:
+            total = 0
             until = self.shards.now_ms() if dead_by_ms is None else dead_by_ms
             for shard in self.shards.serving:
-                while deleted := int(self.runner.run("purge", shard, [MAX_BATCH, until])):
-                    total += deleted
+                while purged := int(self.runner.run("purge", shard, [MAX_BATCH, until])):
+                    total += purged
             return total
-        # Every shard an id may be in: purge.lua says how many it deleted, not which.
-        groups: dict[int, list[str]] = {}
-        for id in dict.fromkeys(ids):
-            for shard in self.shards.to_search(id):
-                groups.setdefault(shard, []).append(id)
-        for shard, group in groups.items():
+        deleted = [0]
+
+        def look(shard: int, group: list[str]) -> list[str]:
             for chunk in chunks(group):
-                total += int(self.runner.run("purge", shard, [MAX_BATCH, 0, *chunk]))
-        return total
+                deleted[0] += int(self.runner.run("purge", shard, [MAX_BATCH, 0, *chunk]))
+            return group  # purge.lua says how many it deleted, not which: every shard an id may be in is asked
+
+        self.rehoming.search(list(ids), look)
+        return deleted[0]
