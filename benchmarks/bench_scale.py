@@ -1,7 +1,7 @@
 """Scale-out and failover benchmark: a sharded namespace on a 3-master Redis Cluster, and Sentinel failovers
 under load.
 
-    python benchmarks/bench_scale.py [--only cluster,capacity,failover,rebalance] [--verbose]
+    python benchmarks/bench_scale.py [--only cluster,capacity,failover,rebalance,reshard] [--verbose]
 
 Starts its own servers (integration/ha_servers.py: a 3-master Redis Cluster, a fresh Sentinel set of 1 master,
 1 replica and 1 Sentinel per failover scenario, and an EmbeddedRedis), stops them at the end, and prints
@@ -22,6 +22,10 @@ Starts its own servers (integration/ha_servers.py: a 3-master Redis Cluster, a f
   (integration/rebalance_load.py): acknowledged parks never consumed (target 0), and the longest gap between two
   promotions that overlaps the rebalance; with the duplicates, early promotions and the time ``MIGRATE`` of one
   big pack blocks its master (migrate_pack_*).
+- reshard_lost, reshard_dup, reshard_rate: a namespace resharded from 3 to 12 shards on one server with
+  ``delay-broker reshard`` while 2 producers park and 2 exactly-once promoters promote, the command SIGKILLed
+  midway and run again (integration/reshard_load.py): acknowledged parks never consumed or found (target 0),
+  messages consumed twice (target 0); and messages re-homed per second by a reshard of a quiet server.
 """
 
 from __future__ import annotations
@@ -58,8 +62,10 @@ from tests.helpers import threads_running
 from .bench_core import message_ids
 from .common import delete_store, fmt, median
 from .rebalance import PLAN, rebalance_under_load
+from .reshard import PLAN as RESHARD_PLAN
+from .reshard import reshard_rate, reshard_under_load
 
-SECTIONS = ("cluster", "capacity", "failover", "rebalance")
+SECTIONS = ("cluster", "capacity", "failover", "rebalance", "reshard")
 SHARDS = 12
 FAR = 30 * 86400.0
 """Seconds: a delay that never comes due during the run."""
@@ -403,6 +409,40 @@ def report_rebalance() -> None:
         out(f"migrate_{label}_{move['messages']}_longest_ping_s", move["longest_ping"])
 
 
+def report_reshard(messages: int, payload: int) -> None:
+    plan = RESHARD_PLAN
+    say(
+        f"One server; a namespace of {plan.source} shards with {plan.backlog} messages parked before (half due during "
+        f"the reshard, half in a day, packed); 2 producers park {plan.rate:.0f}/s each (due in 1-4 s, or packed and "
+        f"due in 11-15 s), 2 exactly-once promoters (DirectLists), a reader gets a day-ahead message by id every "
+        f"20 ms; after {plan.warmup:.0f} s `delay-broker reshard --to {plan.target} --yes --settle {plan.settle:.0f} "
+        f"--batch {plan.batch}` runs, is SIGKILLed once it has moved {plan.kill_at:.0%} of the backlog, and is run "
+        f"again; {plan.after:.0f} s more load, then every message waited for"
+    )
+    figures = reshard_under_load(plan)
+    rerun = figures["rerun"]
+    say(
+        f"acknowledged {figures['acknowledged']} (and the backlog), killed midway {figures['killed_midway']} after "
+        f"{figures['moved_before_kill']} moves, {figures['moved']} moved in all; the run again: {rerun['moved']} in "
+        f"{rerun['seconds']:.1f} s ({rerun['passes']} passes); early {figures['early']}, reads by id "
+        f"{figures['reads']} (found nothing: {figures['read_misses']}), park attempts refused "
+        f"{figures['refused'] or 'none'}, promoter errors {figures['promoter_errors']}, lateness max "
+        f"{figures['max_lateness_ms']} ms; {figures['shards_after']} shards after"
+    )
+    out("reshard_lost", figures["lost"])
+    out("reshard_dup", figures["duplicated"])
+    out("reshard_early", figures["early"])
+    out("reshard_read_misses", figures["read_misses"])
+    result = reshard_rate(messages, payload)
+    say(
+        f"{result['messages']} messages of {payload} B in {plan.source} shards (half due in 2 min, half in a day, "
+        f"packed), resharded to {plan.target} on a quiet server: {result['moved']} moved in {result['seconds']:.1f} s "
+        f"({result['passes']} passes; {result['wall']:.1f} s in all with the clean-up), {result['parked_after']} "
+        f"parked after ({result['packed_after']} packed)"
+    )
+    out("reshard_rate", result["rate"])
+
+
 # ------------------------------------------------------------------------------------------------- main
 
 
@@ -413,6 +453,7 @@ def main() -> None:
     parser.add_argument("--cluster-seconds", type=float, default=10.0)
     parser.add_argument("--capacity-messages", type=int, default=100_000)
     parser.add_argument("--payload", type=int, default=250)
+    parser.add_argument("--reshard-messages", type=int, default=100_000)
     parser.add_argument("--rate", type=float, default=250.0, help="parks/s and messages due/s in the failovers")
     parser.add_argument("--verbose", action="store_true", help="show delay_broker's warnings (backoffs, failovers)")
     options = parser.parse_args()
@@ -509,6 +550,9 @@ def main() -> None:
 
     if "rebalance" in only:
         report_rebalance()
+
+    if "reshard" in only:
+        report_reshard(options.reshard_messages, options.payload)
 
     out("wall_s", time.monotonic() - wall)
 

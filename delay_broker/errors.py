@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 
 class DelayBrokerError(Exception):
     """Base class of every error delay_broker raises on purpose."""
@@ -86,6 +88,20 @@ class StoreDamaged(StoreRefused):
     ``delay-broker check --repair`` mends what can be."""
 
     code = "DAMAGED"
+
+
+class LayoutChanged(StoreRefused):
+    """A shard refused a park made by an older generation of the namespace's shard layout (``LAYOUT``: a reshard
+    moved it on): nothing was written. The store reads the layout again and parks by it; this is raised only when
+    the layout key does not catch up with the shards."""
+
+    code = "LAYOUT"
+
+    @property
+    def generation(self) -> int:
+        """The shard's generation, as its refusal said it (0 when it did not)."""
+        match = re.search(r"LAYOUT:? (\d+)", str(self))
+        return int(match[1]) if match else 0
 
 
 class NotReplicated(StoreUnavailable):

@@ -42,6 +42,9 @@ SCRIPT_KEYS = (
     "pack_base",
     "pack_live",
     "packed_shape",
+    "generation",
+    "moving",
+    "rehomed",
 )
 """The keys of a shard, in the order every script receives them as KEYS (Lua names them in upper case)."""
 
@@ -159,7 +162,8 @@ class Keyspace:
 
     @cached_property
     def layout(self) -> str:
-        """STRING: the number of shards of the namespace (shard 0 only; absent means one)."""
+        """STRING: the namespace's shard layout: its number of shards, or after a reshard a JSON object with its
+        generation (shard 0 only; absent means one shard; see :mod:`delay_broker.store.layouts`)."""
         return self.key("shards")
 
     @cached_property
@@ -269,6 +273,28 @@ class Keyspace:
         """STRING ``level:split``, how many partitions the packed index has (see :class:`~.packing.IndexShape`);
         absent means one."""
         return self.key("packed_shape")
+
+    @cached_property
+    def generation(self) -> str:
+        """STRING: the layout generation parks into this shard must be made by, at least (absent means 0; see
+        :mod:`delay_broker.store.layouts`)."""
+        return self.key("generation")
+
+    @cached_property
+    def moving(self) -> str:
+        """HASH id -> a message a reshard took out of this shard and has not yet dropped (see
+        :mod:`delay_broker.store.rehoming`)."""
+        return self.key("moving")
+
+    @cached_property
+    def rehomed(self) -> str:
+        """SET of the tokens of the reshard batches parked into this shard (each is parked once)."""
+        return self.key("rehomed")
+
+    @cached_property
+    def reshard_lock(self) -> str:
+        """STRING, short-lived: held by the ``delay-broker reshard`` at work on the namespace (shard 0 only)."""
+        return self.key("reshard")
 
     @cached_property
     def promoters(self) -> str:

@@ -17,6 +17,7 @@ from redis.sentinel import MasterNotFoundError
 from .errors import (
     DelayBrokerError,
     InvalidDelay,
+    LayoutChanged,
     NotEnoughReplicas,
     SlotMigrating,
     StoreDamaged,
@@ -40,6 +41,10 @@ _EXPLANATIONS: dict[str, tuple[type[StoreRefused], str]] = {
     ),
     "LOADING": (StoreLoading, "Redis is loading its data set from disk and cannot serve yet"),
     "DAMAGED": (StoreDamaged, "the store's bookkeeping is damaged (a hand-made change)"),
+    "LAYOUT": (
+        LayoutChanged,
+        "the shard's layout generation is newer than this process's (the namespace was resharded): nothing was written",
+    ),
     "LEASEGONE": (StoreRefused, "a far-tier mover stalled past its lease: nothing was moved, another mover takes over"),
     "MOVED": (
         WrongNode,

@@ -231,6 +231,7 @@ DOING = {
     "web": "starting the dashboard",
     "promote": "promoting",
     "import": "importing",
+    "reshard": "resharding",
     "metrics": "reading the store for metrics",
 }
 _UNAVAILABLE = re.compile(r"^(?:Redis (?:Cluster )?unavailable during [^:]*: |far tier: )")

@@ -50,6 +50,9 @@ NAMES = (
     "repair_entry",
     "repair_record",
     "repair_pack",
+    "rehome_take",
+    "rehome",
+    "layout",
 )
 
 

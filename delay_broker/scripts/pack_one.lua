@@ -13,15 +13,21 @@
 --   PACK_LIVE HASH pack name -> messages packed in it
 --   PACKED_SHAPE  STRING the packed index's shape
 --   WAKE      LIST wake marker (pushed when the pack becomes the earliest: see wake_for_pack)
+--   GENERATION    STRING the shard's layout generation (see layout_refusal)
 -- KEYS after the shard's: the id's packed index partition, the pack
 -- ARGV[1] id  ARGV[2] due time ('123': ms from Redis TIME; '@123': epoch ms)  ARGV[3] envelope
 -- ARGV[4] the id's 16-byte form  ARGV[5] the packed index's shape the partition was chosen by
 -- ARGV[6] the pack's name  ARGV[7] min_ahead_ms: the message is packed only when due at least this far ahead
--- ARGV[8] max_delay_ms, or -1
--- Returns {due ms, 1 if the partition is past SPLIT_AT else 0, 1 if WAKE was pushed else 0}, or 0.
+-- ARGV[8] max_delay_ms, or -1  ARGV[9] the layout generation the caller parks by
+-- Returns {due ms, 1 if the partition is past SPLIT_AT else 0, 1 if WAKE was pushed else 0}, or 0; or the refusal
+-- of layout_refusal.
 -- Every key it writes is read first, which checks its type; the record is the first write (over maxmemory, the
 -- one Redis refuses). The counter comes last and may fail alone: a figure, not a message.
 
+local refusal = layout_refusal(GENERATION, ARGV[9])
+if refusal then
+    return refusal
+end
 local id, binary, name = ARGV[1], ARGV[4], ARGV[6]
 local partition, pack = KEYS[FIRST_EXTRA_KEY], KEYS[FIRST_EXTRA_KEY + 1]
 local now = now_ms()

@@ -14,6 +14,7 @@
 --   PACK_BASE HASH pack name -> records taken from its head
 --   PACK_LIVE HASH pack name -> messages packed in it
 --   PACKED_SHAPE  STRING the packed index's shape (see pack_locate)
+--   GENERATION    STRING the shard's layout generation (see layout_refusal)
 -- KEYS after the shard's, three per message (id_keys): its packed index partition, the pack the caller says it
 --   is packed in (see pack_locate), and the pack to append it to if it is due far enough ahead (PACKS: none).
 -- ARGV[1] on_conflict: 'replace' (reschedule and replace the payload) or 'keep' (leave an existing id alone)
@@ -21,25 +22,30 @@
 -- ARGV[3] min_ahead_ms: a message due at least this far ahead is packed when given a pack; -1 never
 -- ARGV[4] the far-tier tokens of the rows this park replaces, space-separated ('' for none): their delete
 --         commits only after it, so they are recorded in MOVED, and a row whose delete failed is never moved in
--- ARGV[5..#ARGV - 4] groups of 3: id, due time ('123': ms from Redis TIME; '@123': epoch ms), envelope
+-- ARGV[5] the layout generation the caller parks by (see layout_refusal)
+-- ARGV[6..#ARGV - 4] groups of 3: id, due time ('123': ms from Redis TIME; '@123': epoch ms), envelope
 -- ARGV[#ARGV - 3] .. ARGV[#ARGV]: the packed index's shape, the ids' 16-byte forms, their packed locations
 --         and the key map (see by_id_trailer and id_keys)
 -- Returns a flat list, two entries per message: due_ms, outcome (1 = new, 2 = replaced, 0 = kept existing,
 -- whose due_ms is its current due time, or -1 when it is in flight or dead); then 1 if WAKE was pushed, else
 -- 0; the highest index partition this call filled past SPLIT_AT and the entries of the fullest, or -1 and 0;
 -- the packs not used because their bookkeeping is damaged, space-separated. Or a refusal, having written
--- nothing: of pack_locate, a due time out of bounds, a key of the wrong type.
+-- nothing: of layout_refusal, of pack_locate, a due time out of bounds, a key of the wrong type.
 
 local k = {due = DUE, msg = MSG, inflight = INFLIGHT, leased = LEASED, dead = DEAD, attempts = ATTEMPTS,
     errors = ERRORS, wake = WAKE, stats = STATS, packs = PACKS, pack_base = PACK_BASE, pack_live = PACK_LIVE}
+local refused = layout_refusal(GENERATION, ARGV[5])
+if refused then
+    return refused
+end
 local replace = ARGV[1] == 'replace'
 local retired = ARGV[4]
-local count = (#ARGV - 8) / 3
+local count = (#ARGV - 9) / 3
 local keys = id_keys(count, 3)
 local shape, binaries, locations = by_id_trailer()
 local now = now_ms()
 -- Validate everything before writing anything: a script error does not roll back earlier writes.
-local messages, refusal = park_messages(5, count, now, tonumber(ARGV[2]), keys, binaries)
+local messages, refusal = park_messages(6, count, now, tonumber(ARGV[2]), keys, binaries)
 if not messages then
     return refusal
 end

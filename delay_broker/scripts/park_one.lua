@@ -12,12 +12,17 @@
 --   STATS     HASH counters ('parked')
 --   PACKS     ZSET (only a placeholder key: see below)
 --   PACKED_SHAPE  STRING the packed index's shape
+--   GENERATION    STRING the shard's layout generation (see layout_refusal)
 -- KEYS after the shard's: the id's packed index partition (PACKS for an id never packed)
 -- ARGV[1] id  ARGV[2] due time ('123': ms from Redis TIME; '@123': epoch ms)  ARGV[3] envelope
 -- ARGV[4] the id's 16-byte form  ARGV[5] the packed index's shape the partition was chosen by
--- ARGV[6] max_delay_ms, or -1
--- Returns {due ms, 1 if WAKE was pushed else 0}, or 0.
+-- ARGV[6] max_delay_ms, or -1  ARGV[7] the layout generation the caller parks by
+-- Returns {due ms, 1 if WAKE was pushed else 0}, or 0; or the refusal of layout_refusal.
 
+local refusal = layout_refusal(GENERATION, ARGV[7])
+if refusal then
+    return refusal
+end
 local id = ARGV[1]
 local partition = KEYS[FIRST_EXTRA_KEY]
 local max_delay = tonumber(ARGV[6])

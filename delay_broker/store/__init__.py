@@ -15,6 +15,8 @@ knows only the parts below it:
   operations in Redis;
 - ``far_view.py``, ``reading.py``, ``sweeping.py``, ``tiers.py``: the far tier beside Redis, reads of both,
   and where a message lives (:class:`~.tiers.RedisOnly`, :class:`~.tiers.WithFarTier`);
+- ``layouts.py``, ``rehoming.py``, ``resharding.py``: the layout's generations, messages re-homed across two slots,
+  and the steps of a reshard;
 - ``parts.py``, ``facade.py``: the parts wired together, and the face.
 """
 
@@ -41,6 +43,7 @@ from .options import DEFAULT_MAX_PAYLOAD, STORE_OPTIONS, StoreOptions
 from .packs import PACK_OPEN_CHUNK
 from .promotion import MAX_AHEAD, ahead_to_ms, new_promoter_id
 from .replies import MAX_BATCH, MAX_ID_LENGTH, ListState, check_id
+from .resharding import ReshardRefused, ReshardReport
 from .runner import NEW_INDEX, PACK_CALLS
 from .stats import LATENESS_EDGES_MS
 from .sweeping import FAR_HOLD_BACK_SECONDS
@@ -70,6 +73,8 @@ __all__ = [
     "OnConflict",
     "ParkRequest",
     "ParkResult",
+    "ReshardRefused",
+    "ReshardReport",
     "State",
     "StoreOptions",
     "StoreStats",

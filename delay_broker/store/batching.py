@@ -86,13 +86,15 @@ class ParkBatcher:
                 batch[0].answer = error
             return
         try:
-            calls = [self.parking.one_call(waiting.parcel) for waiting in batch]
-            replies = self.parking.runner.run_together([(c.script, c.shard, c.args, c.extra) for c in calls])
+            made = [(waiting, self.parking.one_call(waiting.parcel)) for waiting in batch]
+            # A park that takes park.lua's path (an id a reshard moves) is answered None: its caller parks it so.
+            sent = [(waiting, call) for waiting, call in made if call is not None]
+            replies = self.parking.runner.run_together([(c.script, c.shard, c.args, c.extra) for _, c in sent])
         except BaseException as error:  # the round trip failed: every park of it raises the error
             for waiting in batch:
                 waiting.answer = error
             return
-        for waiting, call, reply in zip(batch, calls, replies, strict=True):
+        for (waiting, call), reply in zip(sent, replies, strict=True):
             if isinstance(reply, StoreUnavailable):
                 waiting.answer = reply
             elif isinstance(reply, DelayBrokerError):

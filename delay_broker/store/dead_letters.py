@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..records import Requeued
+from .rehoming import Rehoming
 from .replies import MAX_BATCH, check_id, chunks, stored_id
 from .runner import Runner
 from .shards import Shards
@@ -19,26 +20,36 @@ class DeadLetters:
       max_age_ms: drop those dead for longer (None: no bound).
     """
 
-    def __init__(self, shards: Shards, runner: Runner, max_count: int | None, max_age_ms: int | None) -> None:
+    def __init__(
+        self, shards: Shards, runner: Runner, rehoming: Rehoming, max_count: int | None, max_age_ms: int | None
+    ) -> None:
         self.shards = shards
         self.runner = runner
+        self.rehoming = rehoming
         self.max_count = max_count
         self.max_age_ms = max_age_ms
 
     def requeue(self, ids: Sequence[str] | None, dead_by_ms: int | None) -> Requeued:
-        count, left = 0, list[str]()
         if ids is not None:
-            for shard, group in self.shards.by_shard(check_id(id) for id in ids).items():
+            wanted = [check_id(id) for id in ids]
+            requeued = [0]
+            missed_last: dict[str, bool] = {}  # per id: whether the last shard it was looked for in missed it
+
+            def look(shard: int, group: list[str]) -> list[str]:
+                missed: list[str] = []
                 for chunk in chunks(group):
-                    done, missed = self._requeue(shard, [MAX_BATCH, 0, 0, *chunk])
-                    if shard != 0 and missed:
-                        again, missed = self._requeue(0, [MAX_BATCH, 0, 0, *missed])
-                        done += again
-                    count += done
-                    left.extend(missed)
-            return Requeued(count, left)
+                    done, not_here = self._requeue(shard, [MAX_BATCH, 0, 0, *chunk])
+                    requeued[0] += done
+                    missed.extend(not_here)
+                gone = set(missed)
+                missed_last.update((id, id in gone) for id in group)
+                return missed
+
+            self.rehoming.search(wanted, look)
+            return Requeued(requeued[0], [id for id, missed in missed_last.items() if missed])
+        count, left = 0, list[str]()
         until = self.shards.now_ms() if dead_by_ms is None else dead_by_ms
-        for shard in range(len(self.shards.spaces)):
+        for shard in self.shards.serving:
             skipped = 0
             while True:
                 # Requeued ids leave the dead set; those it cannot requeue stay at its head: page past them.
@@ -74,7 +85,7 @@ class DeadLetters:
         count = -1 if self.max_count is None else self.max_count
         age = -1 if self.max_age_ms is None else self.max_age_ms
         total = 0
-        for one in range(len(self.shards.spaces)) if shard is None else (shard,):
+        for one in self.shards.serving if shard is None else (shard,):
             while True:
                 dropped, more = self.runner.run("trim_dead", one, [count, age, MAX_BATCH])
                 total += int(dropped)
@@ -83,16 +94,19 @@ class DeadLetters:
         return total
 
     def purge(self, ids: Sequence[str] | None, dead_by_ms: int | None) -> int:
-        total = 0
         if ids is None:
+            total = 0
             until = self.shards.now_ms() if dead_by_ms is None else dead_by_ms
-            for shard in range(len(self.shards.spaces)):
-                while deleted := int(self.runner.run("purge", shard, [MAX_BATCH, until])):
-                    total += deleted
+            for shard in self.shards.serving:
+                while purged := int(self.runner.run("purge", shard, [MAX_BATCH, until])):
+                    total += purged
             return total
-        for shard, group in self.shards.by_shard(ids).items():
+        deleted = [0]
+
+        def look(shard: int, group: list[str]) -> list[str]:
             for chunk in chunks(group):
-                total += int(self.runner.run("purge", shard, [MAX_BATCH, 0, *chunk]))
-            if shard != 0:
-                total += sum(int(self.runner.run("purge", 0, [MAX_BATCH, 0, *chunk])) for chunk in chunks(group))
-        return total
+                deleted[0] += int(self.runner.run("purge", shard, [MAX_BATCH, 0, *chunk]))
+            return group  # purge.lua says how many it deleted, not which: every shard an id may be in is asked
+
+        self.rehoming.search(list(ids), look)
+        return deleted[0]

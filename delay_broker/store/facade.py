@@ -37,6 +37,7 @@ from .encoding import Due
 from .options import DEFAULT_MAX_PAYLOAD, STORE_OPTIONS, StoreOptions
 from .parts import Parts
 from .replies import ListState, check_id
+from .resharding import Resharder, ReshardReport
 from .shards import Shards, check_client
 from .stats import HISTOGRAM_EDGES
 
@@ -105,7 +106,7 @@ class DelayStore:
         parts = Parts(self._shards, options)
         self.far_tier = parts.far_tier
         self._runner, self._encoder, self._packs = parts.runner, parts.encoder, parts.packs
-        self._parking, self._park_one = parts.parking, parts.park_one
+        self._parking, self._park_one, self._rehoming = parts.parking, parts.park_one, parts.rehoming
         self._far, self._reading, self._tier, self._promotion = parts.far, parts.reading, parts.tier, parts.promotion
         self._dead, self._registry, self._stats = parts.dead, parts.registry, parts.stats
 
@@ -113,11 +114,8 @@ class DelayStore:
     def from_url(cls, url: str, **options: Any) -> DelayStore:
         """A store on a new client for ``url``: ``redis://``, ``rediss://``, ``unix://``,
         ``redis+sentinel://host:26379,.../mymaster/0`` or ``redis+cluster://host:port,...`` (see
-        :mod:`delay_broker.connect`).
-
-        Options this class takes (``namespace``, ``shards``, ``replicas``, ...) configure the store; every
-        other one goes to the client (``ssl_ca_certs``, ``username``, ``socket_timeout``, ...).
-        """
+        :mod:`delay_broker.connect`). Options this class takes (``namespace``, ``shards``, ``replicas``, ...)
+        configure the store; every other one goes to the client (``ssl_ca_certs``, ``socket_timeout``, ...)."""
         client_options = {key: options.pop(key) for key in list(options) if key not in STORE_OPTIONS}
         return cls(client_from_url(url, **client_options), **options)
 
@@ -128,13 +126,20 @@ class DelayStore:
 
     @property
     def shards(self) -> list[Keyspace]:
-        """The key sets of every shard, shard 0 first (read from the namespace on first use)."""
+        """The key sets of every shard this store knows, by number, shard 0 first: during a reshard both layouts'."""
         return self._shards.spaces
 
     def refresh_layout(self) -> None:
-        """Read the shard count again while the namespace has none recorded (promoters call it every
-        ``max_idle``). A recorded count never changes, so this costs nothing once there is one."""
+        """Read the shard layout again (promoters call it every ``max_idle``); during a reshard, finish batches a
+        killed ``delay-broker reshard`` left in transit."""
         self._shards.refresh()
+        self._rehoming.rescue()
+
+    def reshard(self, to: int, *, dry_run: bool = False, **options: Any) -> ReshardReport:
+        """Move the namespace to ``to`` shards while it is used (``delay-broker reshard``; killed, call it again).
+        ``dry_run``: where it stands, changing nothing. ``batch``, ``settle``, ``progress``: see :class:`Resharder`."""
+        resharder = Resharder(self._shards, self._runner, self._rehoming, self._reading, to, **options)
+        return resharder.status() if dry_run else resharder.run()
 
     def shard_for(self, id: str) -> int:
         """The shard holding message ``id`` (recurring schedules' occurrences live in shard 0)."""
@@ -446,13 +451,11 @@ class DelayStore:
     def nack(
         self, lease_deadline_ms: int, failures: Sequence[tuple[str, str, NackAction]], *, shard: int = 0
     ) -> list[str]:
-        """Give back claimed messages that were not delivered: ``(id, reason, action)`` each.
-
-        ``"retry"`` tries again after an exponential backoff until ``max_attempts``, then dead-letters;
-        ``"dead"`` dead-letters at once with the reason; ``"release"`` puts the message back at its due time
-        without counting an attempt (the promoter is stopping, or the target broker is down). Returns
-        ``"retried"``, ``"dead"``, ``"released"`` or ``"not held"`` per message.
-        """
+        """Give back claimed messages that were not delivered: ``(id, reason, action)`` each. ``"retry"`` tries
+        again after an exponential backoff until ``max_attempts``, then dead-letters; ``"dead"`` dead-letters at
+        once with the reason; ``"release"`` puts the message back at its due time without counting an attempt
+        (the promoter is stopping, or the target broker is down). Returns ``"retried"``, ``"dead"``,
+        ``"released"`` or ``"not held"`` per message."""
         return self._promotion.nack(lease_deadline_ms, failures, shard)
 
     def check_direct(self, routes: Mapping[str, ListTarget]) -> None:

@@ -124,7 +124,8 @@ class FarView:
     def moved_tokens(self) -> list[int]:
         """The tokens of far rows moved into Redis whose delete may not be committed yet (see :mod:`.far`)."""
         tokens: list[int] = []
-        for space in self.shards.spaces:
+        for shard in self.shards.serving:
+            space = self.shards.spaces[shard]
             with self.shards.calling("reading moved tokens"):
                 tokens.extend(int(token) for token in self.shards.client.zrange(space.moved, 0, -1))  # type: ignore[arg-type]
         return tokens
@@ -143,9 +144,22 @@ class FarView:
         """The ids among ``tokens`` (id: its row's token) whose rows are retired: their tokens are recorded in
         ``moved``, so the rows never run. A mover adopted them and died before deleting them, or a park in Redis
         replaced them and its delete did not commit. Their messages are in Redis, or ran already: the ids are
-        free."""
+        free. During a reshard, the ids' other homes are looked at too (a token recorded before the switch is in
+        the old one)."""
         if not tokens:
             return set()
+        found = self._recorded(shard, tokens)
+        view = self.shards.view()
+        if view.resharding:
+            others: dict[int, dict[str, int]] = {}
+            for id in tokens.keys() - found:
+                for other in {view.old_home(id), view.new_home(id)} - {shard}:
+                    others.setdefault(other, {})[id] = tokens[id]
+            for other, group in others.items():
+                found |= self._recorded(other, group)
+        return found
+
+    def _recorded(self, shard: int, tokens: Mapping[str, int]) -> set[str]:
         ids = list(tokens)
         with self.shards.calling("reading moved tokens"):
             scores = self.shards.client.zmscore(self.shards.spaces[shard].moved, [str(tokens[id]) for id in ids])

@@ -45,6 +45,8 @@ class PackOpener:
     def open(self, shard: int, calls: int) -> int | None:
         """Open at most ``calls`` chunks of the shard's packs coming due; when the next is to be opened (ms, Redis
         clock; now or earlier when there is more to open already), or None when nothing is packed."""
+        if self.shards.retired(shard):  # a finished reshard's old shard: nothing packed there any more
+            return None
         lead = self.pack.lead_ms
         self._audit(shard)
         for _ in range(calls):

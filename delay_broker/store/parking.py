@@ -1,18 +1,20 @@
 """Parking in Redis: the one-message fast path, batches, a schedule's occurrences, far rows adopted; and the other
-writes by id in Redis (cancel, reschedule) and the look at which ids Redis holds."""
+writes by id in Redis (cancel, reschedule) and the look at which ids Redis holds. Each by the layout in force, and
+during a reshard in both (see :mod:`~delay_broker.store.rehoming`)."""
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Literal, NamedTuple
 
-from ..errors import DelayBrokerError, StoreUnavailable
-from ..keys import shard_of
+from ..errors import DelayBrokerError, LayoutChanged, StoreUnavailable
 from ..packing import NOT_PACKABLE, PackPolicy, binary_id
 from ..records import OnConflict, ParkResult
 from .encoding import Due, Parcel
-from .replies import MAX_BATCH, chunks, text
+from .layouts import View
+from .rehoming import LAYOUT_TRIES, Rehoming
+from .replies import chunks, text
 from .runner import Runner
 from .shards import Shards
 
@@ -44,13 +46,17 @@ class RedisParking:
 
     Parameters:
       shards, runner: the namespace's shards and the script runner.
+      rehoming: the reshard's batches in transit, and the look by id in both layouts while one is under way.
       pack: the packing policy (which messages go to packs).
       max_delay_arg: ``max_delay`` as the scripts take it (ms, or -1 for none).
     """
 
-    def __init__(self, shards: Shards, runner: Runner, pack: PackPolicy, max_delay_arg: int) -> None:
+    def __init__(
+        self, shards: Shards, runner: Runner, rehoming: Rehoming, pack: PackPolicy, max_delay_arg: int
+    ) -> None:
         self.shards = shards
         self.runner = runner
+        self.rehoming = rehoming
         self.pack = pack
         self.max_delay_arg = max_delay_arg
 
@@ -62,20 +68,28 @@ class RedisParking:
         None when the script leaves the message to park.lua (the id is held, or anything unusual; nothing was
         written)."""
         call = self.one_call(parcel)
+        if call is None:
+            return None
         try:
             reply = self.runner.run(call.script, call.shard, call.args, extra=call.extra)
         except StoreUnavailable:
             raise
+        except LayoutChanged as changed:  # parked by park.lua, by the layout as it is now
+            self.shards.follow(changed)
+            return None
         except DelayBrokerError:  # a refusal: park.lua, which wrote nothing either, says what it is
             return None
         return self.one_result(call, parcel, reply)
 
-    def one_call(self, parcel: Parcel) -> OneCall:
-        """The one-message script call that parks ``parcel`` (see :meth:`park_one`), made by it or in a batch."""
+    def one_call(self, parcel: Parcel) -> OneCall | None:
+        """The one-message script call that parks ``parcel`` (see :meth:`park_one`), made by it or in a batch; None
+        during a reshard for an id whose home moves (park.lua's path looks at its old home too)."""
         self.shards.settle_for_parking()
-        spaces = self.shards.layout("park")
-        shard = 0 if len(spaces) == 1 else shard_of(parcel.id, len(spaces))
-        space = spaces[shard]
+        view = self.shards.view("park")
+        if view.crossing(parcel.id):
+            return None
+        shard = view.home(parcel.id)
+        space = self.shards.space(shard, "park")
         binary = binary_id(parcel.id)
         shape = self.runner.shape(shard)
         if binary == NOT_PACKABLE:
@@ -89,8 +103,8 @@ class RedisParking:
                 name = self.pack.target(binary, parcel.due.at(now), now)
         head = [parcel.id, parcel.due.wire, parcel.record, binary, str(shape)]
         if name is None:
-            return OneCall("park_one", shard, [*head, self.max_delay_arg], [partition], -1)
-        args = [*head, name, self.pack.min_ahead_ms, self.max_delay_arg]
+            return OneCall("park_one", shard, [*head, self.max_delay_arg, view.generation], [partition], -1)
+        args = [*head, name, self.pack.min_ahead_ms, self.max_delay_arg, view.generation]
         return OneCall("pack_one", shard, args, [partition, space.pack(name)], number)
 
     def one_result(self, call: OneCall, parcel: Parcel, reply: Any) -> ParkResult | None:
@@ -103,22 +117,31 @@ class RedisParking:
             self.runner.split_index(call.shard, call.partition)
         return ParkResult(parcel.id, int(reply[0]), "new")
 
-    def park(self, parcels: list[Parcel], on_conflict: OnConflict) -> list[ParkResult]:
-        """Park each message with park.lua: one call per 1,000 per shard, each chunk all or nothing."""
-        if len(self.shards.layout("park")) == 1:
-            results: list[ParkResult] = []
-            for start in range(0, len(parcels), MAX_BATCH):
-                results.extend(self.park_chunk(0, parcels[start : start + MAX_BATCH], on_conflict))
-            return results
-        by_position: dict[int, ParkResult] = {}
-        groups: dict[int, list[int]] = {}
-        for position, parcel in enumerate(parcels):
-            groups.setdefault(self.shards.shard_for(parcel.id), []).append(position)
-        for shard, positions in groups.items():
-            for chunk in chunks(positions):
-                parked = self.park_chunk(shard, [parcels[p] for p in chunk], on_conflict)
-                by_position.update(zip(chunk, parked, strict=True))
-        return [by_position[position] for position in range(len(parcels))]
+    def park(self, parcels: list[Parcel], on_conflict: OnConflict, *, retire: Sequence[int] = ()) -> list[ParkResult]:
+        """Park each message with park.lua into its home by the layout in force: one call per 1,000 per shard, each
+        chunk all or nothing. A chunk refused because the layout changed is parked again by the new one (the chunks
+        parked before stay where they are: a reshard moves them). ``retire``: the tokens of far rows the park
+        replaces (see park.lua), recorded in each shard it parks into."""
+        results: list[ParkResult | None] = [None] * len(parcels)
+        for attempt in range(LAYOUT_TRIES):
+            view = self.shards.view("park")
+            groups: dict[int, list[int]] = {}
+            for position, result in enumerate(results):
+                if result is None:
+                    groups.setdefault(view.home(parcels[position].id), []).append(position)
+            try:
+                for shard, positions in groups.items():
+                    for chunk in chunks(positions):
+                        parked = self._park_home(view, shard, [parcels[p] for p in chunk], on_conflict, retire)
+                        for position, one in zip(chunk, parked, strict=True):
+                            results[position] = one
+            except LayoutChanged as changed:
+                if attempt == LAYOUT_TRIES - 1:
+                    raise
+                self.shards.follow(changed)
+                continue
+            break
+        return results  # type: ignore[return-value]
 
     def park_occurrence(self, schedule: str, parcel: Parcel, revision: int | None) -> ParkResult:
         """Park a schedule's occurrence in shard 0 (see :meth:`DelayStore.park_occurrence`)."""
@@ -128,14 +151,74 @@ class RedisParking:
     def park_chunk(
         self, shard: int, chunk: list[Parcel], on_conflict: OnConflict, *, retire: Sequence[int] = ()
     ) -> list[ParkResult]:
-        """One park.lua call; ``retire`` are the tokens of far rows the park replaces (see park.lua)."""
-        head = [on_conflict, self.max_delay_arg, self.pack.min_ahead_ms, " ".join(map(str, retire))]
-        return self._park_call("park", shard, chunk, head)
+        """Park messages of one shard (``shard``, by the layout the caller read); as :meth:`park`."""
+        return self.park(chunk, on_conflict, retire=retire)
 
     def adopt(self, shard: int, chunk: list[Parcel], deadline_ms: int, tokens: list[int], replicas: int) -> None:
-        """Move far rows into Redis (``adopt.lua``): the mover's deadline and the rows' tokens."""
-        head = [deadline_ms, self.pack.min_ahead_ms, " ".join(map(str, tokens))]
-        self._park_call("adopt", shard, chunk, head, replicas=replicas)
+        """Move far rows into Redis (``adopt.lua``): the mover's deadline and the rows' tokens. By the layout in
+        force: rows refused because it changed are adopted again by the new one (the tokens recorded in every shard
+        they go to, so a row adopted twice is parked once)."""
+        for attempt in range(LAYOUT_TRIES):
+            view = self.shards.view("park")
+            groups: dict[int, list[Parcel]] = {}
+            for parcel in chunk:
+                groups.setdefault(view.home(parcel.id), []).append(parcel)
+            head = [deadline_ms, self.pack.min_ahead_ms, " ".join(map(str, tokens)), view.generation]
+            try:
+                for home, group in groups.items():
+                    self._park_call("adopt", home, group, head, replicas=replicas)
+                return
+            except LayoutChanged as changed:
+                if attempt == LAYOUT_TRIES - 1:
+                    raise
+                self.shards.follow(changed)
+
+    def _park_home(
+        self, view: View, shard: int, chunk: list[Parcel], on_conflict: OnConflict, retire: Sequence[int]
+    ) -> list[ParkResult]:
+        """One park.lua call into ``shard``; during a reshard, the old homes of ids that move looked at too: a
+        ``keep`` park looks there first and parks only what is not held; a ``replace`` parks here, then removes a
+        copy there (as park.lua would remove it, in flight too)."""
+        head = [on_conflict, self.max_delay_arg, self.pack.min_ahead_ms, " ".join(map(str, retire)), view.generation]
+        crossing = [parcel.id for parcel in chunk if view.crossing(parcel.id)]
+        if not crossing:
+            return self._park_call("park", shard, chunk, head)
+        if on_conflict == "keep":
+            held = self._held_before(view, crossing)
+            rest = [parcel for parcel in chunk if parcel.id not in held]
+            parked = {result.id: result for result in self._park_call("park", shard, rest, head)} if rest else {}
+            return [parked.get(p.id) or ParkResult(p.id, held[p.id], "kept") for p in chunk]
+        results = self._park_call("park", shard, chunk, head)
+        removed = self.cancel_in(view.old_home, crossing, "replace")
+        renewed = [id for id, flag in removed.items() if flag == 2]
+        if renewed:  # counted by park.lua as new to Redis: it replaced a copy parked in its old home
+            self._recount(shard, len(renewed))
+        return [
+            ParkResult(result.id, result.due_ms, "replaced") if removed.get(result.id) else result for result in results
+        ]
+
+    def _held_before(self, view: View, ids: list[str]) -> dict[str, int]:
+        """The ids of ``ids`` held in their old homes (their due time, -1 in flight or dead); those not held there
+        looked for in transit, so that a park of them in the new home meets a copy moved meanwhile."""
+        held: dict[str, int] = {}
+        groups: dict[int, list[str]] = {}
+        for id in ids:
+            groups.setdefault(view.old_home(id), []).append(id)
+        for shard, group in groups.items():
+            found = self._held_in(shard, group)
+            held.update(found)
+            self.rehoming.settle(shard, [id for id in group if id not in found])
+        return held
+
+    def _recount(self, shard: int, count: int) -> None:
+        try:
+            with self.shards.calling("counting replaced messages"):
+                pipe = self.shards.client.pipeline(transaction=False)
+                pipe.hincrby(self.shards.space(shard, "park").stats, "parked", -count)
+                pipe.hincrby(self.shards.space(shard, "park").stats, "replaced", count)
+                pipe.execute()
+        except DelayBrokerError as error:  # a figure, not a message
+            logger.debug("Store %r: counting replaced messages failed: %s", self.shards.keys.namespace, error)
 
     def _park_call(
         self, script: str, shard: int, chunk: list[Parcel], head: list[Any], *, replicas: int | None = None
@@ -172,47 +255,50 @@ class RedisParking:
         )
 
     def pack_targets(self, shard: int, dues: Sequence[Due], binaries: Sequence[bytes]) -> list[str]:
-        """Per message (its due time and 16-byte id), the pack it is appended to when it is due at least
-        ``pack_after`` ahead (by the Redis clock as estimated here: the script decides by its own), else the
-        shard's ``packs`` key (none)."""
-        space = self.shards.spaces[shard]
-        after = self.pack.after_ms
-        if after is None:
-            return [space.packs] * len(dues)
-        now = self.shards.estimated_now_ms()
-        targets = []
-        for due, binary in zip(dues, binaries, strict=True):
-            at = due.at(now)
-            name = self.pack.target(binary, at, now) if at - now >= after else None  # the cheap test first
-            targets.append(space.packs if name is None else space.pack(name))
-        return targets
+        """Per message (its due time and 16-byte id), the pack it is appended to (see :meth:`Rehoming.targets`)."""
+        return self.rehoming.targets(shard, dues, binaries)
 
     # -- other writes by id ----------------------------------------------------------------------------
 
     def cancel(self, ids: list[str], *, replacing: bool = False) -> list[int]:
         """Remove the parked or dead copies of ``ids`` from Redis; ``replacing`` (by a far row) also those a
         promoter holds, as a park in Redis would replace them. Per id: 2 = removed while parked, 1 = removed
-        while dead or in flight, 0 = not held."""
+        while dead or in flight, 0 = not held. Each id is looked for where it may be (its home, shard 0 where a
+        schedule's occurrences live, and during a reshard its old home first)."""
         mode = "replace" if replacing else "cancel"
-        removed: dict[str, int] = {}
-        for shard, group in self.shards.by_shard(ids).items():
-            missed: list[str] = []
-            for chunk in chunks(group):
-                reply = self.runner.by_id("cancel", shard, chunk, [mode, *chunk])
-                for id, flag in zip(chunk, reply, strict=True):
-                    removed[id] = int(flag)
-                    if not int(flag):
-                        missed.append(id)
-            if shard != 0 and missed:  # a schedule's occurrence lives in shard 0
-                for chunk in chunks(missed):
-                    for id, flag in zip(chunk, self.runner.by_id("cancel", 0, chunk, [mode, *chunk]), strict=True):
-                        removed[id] = int(flag)
+        removed = dict.fromkeys(ids, 0)
+
+        def look(shard: int, group: list[str]) -> list[str]:
+            found = self._cancel_at(shard, group, mode)
+            removed.update(found)
+            return [id for id in group if not found[id]]
+
+        self.rehoming.search(ids, look)
         return [removed[id] for id in ids]
+
+    def cancel_in(self, shard_of: Callable[[str], int], ids: list[str], mode: str) -> dict[str, int]:
+        """cancel.lua on ``ids``, each in the shard ``shard_of`` it: its flag."""
+        groups: dict[int, list[str]] = {}
+        for id in ids:
+            groups.setdefault(shard_of(id), []).append(id)
+        found: dict[str, int] = {}
+        for shard, group in groups.items():
+            found.update(self._cancel_at(shard, group, mode))
+        return found
+
+    def _cancel_at(self, shard: int, ids: list[str], mode: str) -> dict[str, int]:
+        found: dict[str, int] = {}
+        for chunk in chunks(ids):
+            reply = self.runner.by_id("cancel", shard, chunk, [mode, *chunk])
+            found.update((id, int(flag)) for id, flag in zip(chunk, reply, strict=True))
+        return found
 
     def reschedule(self, id: str, due: Due, record: bytes, limit: int, expected: bytes) -> int | None:
         """Move ``id``'s parked copy in Redis to ``due`` (``record``, when not empty, replaces its envelope; see
         reschedule.lua): the new due time (ms), or None when Redis holds no parked copy of it."""
-        for shard in self.shards.to_search(id):
+        moved_to: list[int] = []
+
+        def look(shard: int, group: list[str]) -> list[str]:
             moved, woke, over = self.runner.by_id(
                 "reschedule",
                 shard,
@@ -222,20 +308,31 @@ class RedisParking:
             )
             if int(over) >= 0:
                 self.runner.split_index(shard, int(over))
-            if int(moved) >= 0:
-                self.shards.relay_wake(shard, woke)
-                return int(moved)
-        return None
+            if int(moved) < 0:
+                return group
+            self.shards.relay_wake(shard, woke)
+            moved_to.append(int(moved))
+            return []
+
+        self.rehoming.search([id], look)
+        return moved_to[0] if moved_to else None
 
     def held(self, ids: list[str]) -> dict[str, int]:
         """The ids of ``ids`` that Redis holds, with their due time (-1 in flight or dead), as park.lua tells
         held ids apart: one ``held.lua`` call per 1,000 per shard (and shard 0, where occurrences live)."""
         held: dict[str, int] = {}
-        for group in self.shards.by_shard(ids).values():
-            for number in self.shards.to_search(group[0]):
-                for chunk in chunks([id for id in group if id not in held]):
-                    reply = self.runner.by_id("held", number, chunk, chunk, write=False)
-                    for id, due in zip(chunk, reply, strict=True):
-                        if int(due) != -2:
-                            held[id] = int(due)
+
+        def look(shard: int, group: list[str]) -> list[str]:
+            found = self._held_in(shard, group)
+            held.update(found)
+            return [id for id in group if id not in found]
+
+        self.rehoming.search(ids, look)
+        return held
+
+    def _held_in(self, shard: int, ids: list[str]) -> dict[str, int]:
+        held: dict[str, int] = {}
+        for chunk in chunks(ids):
+            reply = self.runner.by_id("held", shard, chunk, chunk, write=False)
+            held.update((id, int(due)) for id, due in zip(chunk, reply, strict=True) if int(due) != -2)
         return held

@@ -13,6 +13,7 @@ from .parking import RedisParking
 from .promotion import Promotion
 from .reading import Reading
 from .registry import Registry
+from .rehoming import Rehoming
 from .replication import Replication
 from .runner import Runner
 from .shards import Shards
@@ -28,7 +29,8 @@ class Parts:
         replication = Replication(shards, options.replicas, options.replica_timeout_ms)
         self.runner = runner = Runner(shards, replication)
         self.encoder = Encoder(options.max_payload_bytes, options.record_version)
-        self.parking = parking = RedisParking(shards, runner, options.pack, options.max_delay_arg)
+        self.rehoming = rehoming = Rehoming(shards, runner, options.pack)
+        self.parking = parking = RedisParking(shards, runner, rehoming, options.pack, options.max_delay_arg)
         # Concurrent parks share round trips, but for a Cluster (a round trip per node) and durable writes (a
         # WAIT per park): there each park is its own call.
         batched = not shards.cluster and not options.replicas
@@ -36,7 +38,7 @@ class Parts:
         self.packs = PackOpener(shards, runner, options.pack)
         self.far_tier = tier = _far_tier(options)
         self.far: FarReader = NoFarTier()
-        self.reading = Reading(shards, runner, self.packs, self.far)
+        self.reading = Reading(shards, runner, rehoming, self.packs, self.far)
         self.tier: RedisOnly = RedisOnly(parking, self.reading)
         if tier is not None:
             keys = shards.keys
@@ -45,7 +47,7 @@ class Parts:
             sweeper = FarSweeper(tier, view, shards, parking, replication)
             self.tier = WithFarTier(parking, self.reading, tier, view, sweeper, options.max_delay_ms)
         self.promotion = Promotion(shards, runner, replication, options.max_attempts, options.retry_backoff_ms)
-        self.dead = DeadLetters(shards, runner, options.dead_max_count, options.dead_max_age_ms)
+        self.dead = DeadLetters(shards, runner, rehoming, options.dead_max_count, options.dead_max_age_ms)
         self.registry = Registry(shards, runner, replication)
         self.stats = Stats(shards, runner, self.far)
 

@@ -72,6 +72,9 @@ class Promotion:
         # Durable stores check for an in-sync replica first and do not WAIT after: a claim whose WAIT failed would
         # hold messages it never hands over until their lease expires and counts an attempt. A claim lost in a
         # failover only means a redelivery, which at-least-once allows; acks still WAIT.
+        if self.shards.retired(shard):  # a finished reshard's old shard: empty, and nobody parks there
+            now = self.shards.estimated_now_ms()
+            return Claim(now, now, None, [], shard)
         self.replication.require(shard, "claiming")
         ahead_ms = ahead_to_ms(ahead)
         args = [check_batch(batch), delay_to_ms(lease), self.max_attempts, promoter_id, ahead_ms]
@@ -122,7 +125,7 @@ class Promotion:
             return
         keys = self.shards.keys
         targets = sorted({key for target in routes.values() for key in (target.list_key, target.hash_key) if key})
-        shards = len(self.shards.spaces)
+        shards = len(self.shards.serving)
         if shards > 1 and targets:
             raise ConfigurationError(
                 f"exactly-once promotion cannot work on a Redis Cluster with shards={shards}: one script "
@@ -150,6 +153,8 @@ class Promotion:
     ) -> DirectPromotion:
         self.check_direct(routes)
         ahead_ms = ahead_to_ms(ahead)
+        if self.shards.retired(shard):  # a finished reshard's old shard: empty, and nobody parks there
+            return DirectPromotion(self.shards.estimated_now_ms(), None, 0, 0, [], shard)
         if not routes:
             return self._idle_look(shard, ahead_ms)
         self.replication.require(shard, "promoting")
@@ -225,15 +230,16 @@ class Promotion:
     def forget_promoter(self, promoter_id: str) -> None:
         try:
             with self.shards.calling("forgetting a promoter"):  # redis-py's failure on an ASK as SlotMigrating too
-                for space in self.shards.spaces:
-                    self.shards.client.zrem(space.promoters, promoter_id)
+                for shard in self.shards.serving:
+                    self.shards.client.zrem(self.shards.spaces[shard].promoters, promoter_id)
                 self.shards.client.delete(self.shards.keys.wake_one(promoter_id))
         except DelayBrokerError:
             pass  # it ages out of the heartbeat window anyway (and a stopping promoter must not raise)
 
     def eviction_policies(self) -> dict[str, str]:
         risky: dict[str, str] = {}
-        for shard, space in enumerate(self.shards.spaces):
+        for shard in self.shards.serving:
+            space = self.shards.spaces[shard]
             try:
                 reply = self.runner.run("memory_policy", shard, [], write=False)
             except DelayBrokerError:

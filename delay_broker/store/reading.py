@@ -12,6 +12,7 @@ from ..clock import score_ceiling, score_floor
 from ..records import IndexScan, MessageInfo, Position
 from .far_view import FarReader, NoFarTier, row_info
 from .packs import PackOpener
+from .rehoming import Rehoming
 from .replies import MAX_BATCH, ListState, check_id, check_state, listed, listed_page, text
 from .runner import Runner
 from .shards import Shards
@@ -24,9 +25,10 @@ index) or the message itself (read whole already: packed, or a far row)."""
 class Reading:
     """Reads across every shard of the namespace, and the far tier through ``far`` (a view of it)."""
 
-    def __init__(self, shards: Shards, runner: Runner, packs: PackOpener, far: FarReader) -> None:
+    def __init__(self, shards: Shards, runner: Runner, rehoming: Rehoming, packs: PackOpener, far: FarReader) -> None:
         self.shards = shards
         self.runner = runner
+        self.rehoming = rehoming
         self.packs = packs
         self.far = far
 
@@ -40,21 +42,28 @@ class Reading:
         return self.get_in_redis(id)
 
     def get_in_redis(self, id: str) -> MessageInfo | None:
-        for shard in self.shards.to_search(id):
+        found: list[MessageInfo] = []
+
+        def look(shard: int, group: list[str]) -> list[str]:
             state, due, at, raw, attempts, error = self.runner.by_id("get", shard, [id], [id], write=False)
             state = state.decode()
             if state == "gone" and not raw:
-                continue
-            return MessageInfo(
-                id=id,
-                state=state,
-                due_ms=None if int(due) < 0 else int(due),
-                at_ms=None if int(at) < 0 else int(at),
-                raw=raw or None,
-                attempts=int(attempts),
-                error=text(error) if error else None,
+                return group
+            found.append(
+                MessageInfo(
+                    id=id,
+                    state=state,
+                    due_ms=None if int(due) < 0 else int(due),
+                    at_ms=None if int(at) < 0 else int(at),
+                    raw=raw or None,
+                    attempts=int(attempts),
+                    error=text(error) if error else None,
+                )
             )
-        return None
+            return []
+
+        self.rehoming.search([id], look)
+        return found[0] if found else None
 
     def list_messages(
         self,
@@ -76,9 +85,9 @@ class Reading:
         else:
             low = "-inf" if start_ms is None else start_ms
             high = "+inf" if end_ms is None else end_ms
-        shards = len(self.shards.spaces)
-        if shards == 1 and state != "due":
-            return [info for _, info in self.list_page(0, state, low, high, offset, count, headers_only)]
+        shards = self.shards.serving
+        if len(shards) == 1 and state != "due":
+            return [info for _, info in self.list_page(shards[0], state, low, high, offset, count, headers_only)]
         wanted = offset + count
         far: FarReader = self.far if state == "due" else NoFarTier()
         with far.snapshot() as view:
@@ -88,7 +97,7 @@ class Reading:
             # their pack's slot (see scan_packs), in the pack's order.
             packed_pages = [
                 self._packed_entries(shard, start_ms, end_ms, wanted, headers_only)
-                for shard in range(shards if state == "due" else 0)
+                for shard in (shards if state == "due" else ())
             ]
             # Each shard's first `wanted` entries as (score, id) only: the page is chosen from them, and only its
             # own messages are then read whole (an offset of 100,000 read 100,000 payloads per shard).
@@ -97,7 +106,7 @@ class Reading:
                     (score, id, (shard, n))
                     for n, (score, id) in enumerate(self.index_entries(shard, state, low, high, wanted))
                 ]
-                for shard in range(shards)
+                for shard in shards
             ]
             rows = far.first_rows(start_ms, end_ms, wanted, leaving, view)
             pages.append([(float(score_floor(row.due_ms)), row.id, row_info(row)) for row in rows])
@@ -245,9 +254,9 @@ class Reading:
 
     def iter_all(self, state: ListState, page: int) -> Iterator[MessageInfo]:
         """See :meth:`DelayStore.iter_all`."""
-        shards = len(self.shards.spaces)
+        shards = self.shards.serving
         if state == "due":  # packs first: a message moves from a pack into the index, not back
-            for shard in range(shards):
+            for shard in shards:
                 after: Position | None = None
                 while True:
                     scan = self.scan_packs(shard, None, None, after, 5000, page)
@@ -255,7 +264,7 @@ class Reading:
                     if scan.exhausted:
                         break
                     after = scan.last
-        for shard in range(shards):
+        for shard in shards:
             offset = 0
             while True:
                 infos = self.list_page(shard, state, "-inf", "+inf", offset, page)

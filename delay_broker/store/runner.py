@@ -94,6 +94,8 @@ class Runner:
         one. A call whose script the server lacks is made again alone (which loads it)."""
         if self.shards.cluster:  # each script needs its slot's guard key and redirects: see run()
             raise ValueError("run_together is for one server, not a Redis Cluster")
+        if not calls:
+            return []
         pipe = self.shards.client.pipeline(transaction=False)
         for name, shard, args, extra in calls:
             keys = [*self.shards.space(shard, name).keys_of(scripts.keys_used(name)), *extra]
@@ -153,19 +155,21 @@ class Runner:
         write: bool = True,
         replicas: int | None = None,
         binaries: Sequence[bytes] | None = None,
+        packed: Sequence[Location | None] | None = None,
     ) -> Any:
         """Script ``name`` on ``ids`` of a shard, told where each is packed (see ``pack_locate`` in the Lua helpers).
 
-        It is first told that none is; a script that finds ids packed elsewhere writes nothing and says where
-        they are, and is called again with that (a pack opened, or an id parked again, in between moves them
-        again); one given an index partition that a split moved an id out of says the index's shape, and is
-        called again with the partitions of that. ``targets``: per id, the pack a park may append it to (the
-        shard's ``packs`` key for none). ``binaries``: the ids' 16-byte forms, when the caller has them."""
+        It is first told that none is (or what ``packed`` says, when the caller read it); a script that finds ids
+        packed elsewhere writes nothing and says where they are, and is called again with that (a pack opened, or
+        an id parked again, in between moves them again); one given an index partition that a split moved an id
+        out of says the index's shape, and is called again with the partitions of that. ``targets``: per id, the
+        pack a park may append it to (the shard's ``packs`` key for none). ``binaries``: the ids' 16-byte forms,
+        when the caller has them."""
         space = self.shards.space(shard, name)
         if binaries is None:
             binaries = [binary_id(id) for id in ids]
         binaries_arg = b"".join(binaries)
-        where: list[Location | None] = [None] * len(ids)
+        where: list[Location | None] = [None] * len(ids) if packed is None else list(packed)
         for _ in range(PACK_CALLS):
             shape = self.shape(shard)
             extra, places = self._id_keys(space, shape, binaries, where, targets)

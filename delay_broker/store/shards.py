@@ -1,5 +1,5 @@
-"""The namespace's shards on one Redis: the client, the key sets, the shard count recorded in Redis, the Redis
-clock, redis-py's errors as delay_broker's, and the relay that wakes promoters for any shard."""
+"""The namespace's shards on one Redis: the client, the key sets, the layout recorded in Redis (read again as it
+changes), the Redis clock, redis-py's errors as delay_broker's, and the relay that wakes promoters for any shard."""
 
 from __future__ import annotations
 
@@ -15,9 +15,10 @@ from redis.exceptions import RedisClusterException
 from redis.sentinel import MasterNotFoundError
 
 from ..connect import AnyRedis, is_cluster, master_address
-from ..errors import ConfigurationError, DelayBrokerError, SlotMigrating, StoreError
-from ..keys import Keyspace, shard_of
+from ..errors import ConfigurationError, DelayBrokerError, LayoutChanged, SlotMigrating, StoreError
+from ..keys import Keyspace, shard_tags
 from ..redis_errors import ask_to_unknown_node, translate
+from .layouts import LAYOUT_TTL, Layout, View
 
 logger = logging.getLogger("delay_broker.store")
 
@@ -26,13 +27,16 @@ RedisFailure = (redis.RedisError, RedisClusterException)
 ClusterFailure = (*RedisFailure, AttributeError)
 """The same, and the ``AttributeError`` redis-py raises on an ``ASK`` to a master it does not know yet (see
 :func:`~delay_broker.redis_errors.ask_to_unknown_node`); any other ``AttributeError`` is raised again as it is."""
+LAYOUT_WAIT = 5.0
+"""Seconds a park refused by a shard's newer layout generation waits for the layout key to say it."""
 
 
 class Shards:
     """The shards of one namespace: which ones there are, where a message lives, and how to talk to Redis.
 
-    The shard count is read from the namespace (``requested``, when given, is recorded there the first time
-    and checked against it after), so every process of an application sees the same shards.
+    The layout is read from the namespace (``requested``, when given, is recorded there the first time and checked
+    against it after), so every process of an application sees the same shards, and read again as it is used, so
+    that a reshard is followed (see :mod:`~delay_broker.store.layouts`).
     """
 
     def __init__(self, client: AnyRedis, keys: Keyspace, requested: int | None) -> None:
@@ -41,13 +45,17 @@ class Shards:
         self.keys = keys
         """The keys of shard 0 (all of them when the namespace is not sharded)."""
         self._requested = requested
-        self._spaces: list[Keyspace] | None = None
+        self._checked = False
+        self._spaces: list[Keyspace] = []
+        self._numbers: dict[str, int] = {}
+        """Shard tag -> the shard's number in this process."""
+        self._view: View | None = None
+        self._read_at = float("-inf")
         self._lock = threading.Lock()
         self._master: tuple[str, int] | None = None
         self._wake_tokens: dict[bytes, int] = {}
-        self._recorded = False
         self._unrecordable = False
-        self._looked_at = float("-inf")
+        self._unreadable = ""
         self._clock_offset: tuple[float, int] | None = None
 
     # -- errors ----------------------------------------------------------------------------------------
@@ -93,64 +101,112 @@ class Shards:
 
     # -- the layout ------------------------------------------------------------------------------------
 
+    def view(self, doing: str = "reading the shard layout") -> View:
+        """The layout this process parks and reads by: read from the namespace on first use, and again when it is
+        used more than :data:`~.layouts.LAYOUT_TTL` after its last read (so a reshard is seen within it)."""
+        view = self._view
+        if view is not None and time.monotonic() - self._read_at < LAYOUT_TTL:
+            return view
+        return self._reread(doing)
+
+    def _reread(self, doing: str) -> View:
+        with self._lock:
+            view = self._view
+            if view is not None and time.monotonic() - self._read_at < LAYOUT_TTL:
+                return view  # read by another thread meanwhile
+            try:
+                layout = self._fetch(doing)
+            except DelayBrokerError as error:
+                if view is None:
+                    raise
+                # Not read again before LAYOUT_TTL: in an outage a call makes one attempt to reach Redis, not two.
+                self._read_at = time.monotonic()
+                if isinstance(error, StoreError):
+                    raise  # Redis away: the call would fail the same way
+                # A layout this release cannot read: the last one read stays.
+                logger.warning(
+                    "Store %r: cannot read the shard layout, keeping the last one: %s", self.keys.namespace, error
+                )
+                return view
+            return self._adopt(layout)
+
     @property
     def spaces(self) -> list[Keyspace]:
-        """The key sets of every shard, shard 0 first (read from the namespace on first use, and again at most
-        once a second while it has no count recorded: a dashboard or exporter started before the application
-        would otherwise see shard 0 only, for ever)."""
-        if self._spaces is not None and not self._recorded:
-            now = time.monotonic()
-            if now - self._looked_at >= 1.0:
-                self._looked_at = now
-                with contextlib.suppress(DelayBrokerError):  # Redis away: the next call will say so
-                    self.refresh()
-        return self._spaces or self._read("reading the shard layout")
-
-    def layout(self, doing: str) -> list[Keyspace]:
-        """:attr:`spaces` without the look for a newly recorded count (every script call asks)."""
-        return self._spaces or self._read(doing)
-
-    def space(self, shard: int, doing: str) -> Keyspace:
-        return (self._spaces or self._read(doing))[shard]
-
-    def _read(self, doing: str) -> list[Keyspace]:
-        if self._spaces is None:
-            with self._lock:
-                if self._spaces is None:
-                    self._use(self._resolve(doing))
-                    with contextlib.suppress(redis.RedisError):
-                        self._master = master_address(self.client)
-        assert self._spaces is not None
+        """The key sets of every shard this process knows, by number, shard 0 first. Numbers never change meaning:
+        during a reshard the new layout's shards are added, and once it is finished the old ones are retired (see
+        :attr:`serving`), not removed."""
+        self.view()
         return self._spaces
 
-    def _use(self, count: int) -> None:
-        self._spaces = Keyspace.shards_of(self.keys.namespace, self.keys.prefix, count)
-        self._wake_tokens = {space.wake.encode(): n for n, space in enumerate(self._spaces)}
+    def layout(self, doing: str) -> list[Keyspace]:
+        """:attr:`spaces`, read from the namespace on first use with ``doing`` as what a failure says."""
+        self.view(doing)
+        return self._spaces
+
+    def space(self, shard: int, doing: str) -> Keyspace:
+        spaces = self._spaces
+        return spaces[shard] if shard < len(spaces) else self.layout(doing)[shard]
+
+    @property
+    def serving(self) -> tuple[int, ...]:
+        """The shards of the layouts in use: both during a reshard (promoters serve them, counts and lists read
+        them), the new layout's alone after it."""
+        return self.view().serving
+
+    def retired(self, shard: int) -> bool:
+        """Whether ``shard`` belongs to a layout a finished reshard left (empty, and refusing parks)."""
+        return shard not in self.view().serving
+
+    @property
+    def count(self) -> int:
+        """The namespace's shard count: the layout parks go to."""
+        return self.view().layout.shards
 
     def refresh(self) -> None:
-        """Read the shard count again while the namespace has none recorded (promoters call it every
-        ``max_idle``): a store that took the default of one shard then serves the shards a later process
-        recorded. A recorded count never changes, so this costs nothing once there is one."""
-        if self._recorded or self._spaces is None:
-            return
+        """Read the layout again now (promoters call it every ``max_idle``): a store that took the default of one
+        shard then serves the shards a later process recorded, and a reshard is seen. Raises
+        :class:`StoreUnavailable` when Redis is away, as the calls after it would."""
+        self._read_at = float("-inf")
+        self.view()
+
+    def reload(self, doing: str = "reading the shard layout") -> View:
+        """The layout read again now, a failure raised (a reshard's steps read it so)."""
         with self._lock:
-            count = self._resolve("reading the shard layout")
-            if count != len(self._spaces):
-                logger.info("Store %r: the namespace now has %d shards.", self.keys.namespace, count)
-                self._use(count)
+            return self._adopt(self._fetch(doing))
+
+    def follow(self, refused: LayoutChanged) -> View:
+        """After a park refused because the shard's layout generation is newer than this process's: the layout
+        read again until it has that generation (the reshard writes its layout key a moment before the markers),
+        for :data:`LAYOUT_WAIT` seconds at most; then :class:`LayoutChanged` saying so."""
+        deadline = time.monotonic() + LAYOUT_WAIT
+        pause = 0.01
+        while True:
+            self._read_at = float("-inf")
+            view = self.view("reading the shard layout")
+            if view.generation >= refused.generation:
+                return view
+            if time.monotonic() >= deadline:
+                raise LayoutChanged(
+                    f"namespace {self.keys.namespace!r}: a shard refused a park made by layout generation "
+                    f"{view.generation}, it has generation {refused.generation}, and {self.keys.layout} still says "
+                    f"{view.generation} after {LAYOUT_WAIT:.0f} s (a reshard interrupted between its two writes: run "
+                    "`delay-broker reshard` again); nothing was written"
+                )
+            time.sleep(pause)
+            pause = min(2 * pause, 0.2)
 
     def settle_for_parking(self) -> None:
         """Before the first park of a store given no shard count: record one shard, unless a count is recorded
         by then (which it takes). A process given another count later is refused, instead of parking a second
         copy of an id in a shard this one never looks in (and this one parking into shard 0 for ever)."""
-        if self._settled():
+        if self.view("park").layout.recorded or self._unrecordable:
             return
-        self._read("park")
         with self._lock:
-            if self._settled():  # by another thread meanwhile
+            view = self._view
+            if (view is not None and view.layout.recorded) or self._unrecordable:  # by another thread meanwhile
                 return
             try:
-                count = self._resolve("recording the shard layout", record=1)
+                layout = self._fetch("recording the shard layout", record=1)
             except DelayBrokerError as error:
                 if not isinstance(error.__cause__, redis.exceptions.NoPermissionError):
                     raise
@@ -158,52 +214,87 @@ class Shards:
                 self._unrecordable = True
                 logger.warning("Store %r: cannot record its shard count (%s); allow +set.", self.keys.namespace, error)
                 return
-            if count != len(self.spaces):
-                self._use(count)
+            self._adopt(layout)
 
-    def _settled(self) -> bool:
-        return self._recorded or self._unrecordable
-
-    def _resolve(self, doing: str, *, record: int | None = None) -> int:
+    def _fetch(self, doing: str, *, record: int | None = None) -> Layout:
         wanted = self._requested
         recording = wanted if wanted is not None else record
         with self.calling(doing):
-            recorded = self.client.get(self.keys.layout)
-            if recorded is None and recording is not None:
+            raw = self.client.get(self.keys.layout)
+            if raw is None and recording is not None:
                 # Recorded even when it is 1: a later process given another number is refused, not obeyed.
                 self.client.set(self.keys.layout, recording, nx=True)
-                recorded = self.client.get(self.keys.layout)
-        self._recorded = recorded is not None
-        try:
-            have = 1 if recorded is None else int(recorded)
-        except ValueError:
-            raise ConfigurationError(
-                f"malformed shard count {recorded!r} in {self.keys.layout}: set it to the number of shards"
-            ) from None
-        if wanted is not None and wanted != have:
-            raise ConfigurationError(
-                f"namespace {self.keys.namespace!r} has {have} shard(s) ({self.keys.layout}), this store was "
-                f"given shards={wanted}: every process of an application must use the same number (changing it "
-                "needs a new namespace)"
-            )
-        return have
+                raw = self.client.get(self.keys.layout)
+        layout = Layout.parse(raw, self.keys.layout)
+        if wanted is not None and not self._checked:
+            self._check_requested(wanted, layout)
+        return layout
+
+    def _check_requested(self, wanted: int, layout: Layout) -> None:
+        """A count given to this store is checked against the first layout read: a reshard under way to or from it
+        is followed (said once), anything else refused. Later changes (a reshard) are followed without a word."""
+        if wanted == layout.shards or (layout.state != "stable" and wanted == layout.other):
+            if wanted != layout.shards:
+                logger.warning(
+                    "Store %r: given shards=%d while the namespace is resharded (%s): following the layout.",
+                    self.keys.namespace,
+                    wanted,
+                    layout.describe(),
+                )
+            self._checked = True
+            return
+        since = f", resharded from {layout.other}" if layout.other is not None else ""
+        raise ConfigurationError(
+            f"namespace {self.keys.namespace!r} has {layout.shards} shard(s){since} ({self.keys.layout}), this "
+            f"store was given shards={wanted}: every process of an application must use the same number (leave it "
+            "out to take the namespace's; `delay-broker reshard --to N` changes it)"
+        )
+
+    def _adopt(self, layout: Layout) -> View:
+        """The view of ``layout``: its shards numbered, new ones after those this process knew."""
+        namespace, prefix = self.keys.namespace, self.keys.prefix
+        spaces, numbers = self._spaces, self._numbers
+
+        def numbered(count: int) -> tuple[int, ...]:
+            found = []
+            for tag in shard_tags(namespace, count):
+                if tag not in numbers:
+                    numbers[tag] = len(spaces)
+                    spaces.append(Keyspace(namespace, prefix, tag))
+                found.append(numbers[tag])
+            return tuple(found)
+
+        old = numbered(layout.source) if layout.state != "stable" else None
+        homes = numbered(layout.shards)
+        new = numbered(layout.target) if layout.state != "stable" else None
+        serving = tuple(sorted({*homes, *(old or ()), *(new or ())}))
+        view = View(layout, homes, old, new, serving)
+        previous = self._view
+        if previous is not None and _said(previous.layout) != _said(layout):
+            logger.info("Store %r: the namespace now has %s.", namespace, layout.describe())
+        self._wake_tokens = {space.wake.encode(): n for n, space in enumerate(spaces)}
+        self._view, self._read_at = view, time.monotonic()
+        if previous is None:
+            with contextlib.suppress(redis.RedisError):
+                self._master = master_address(self.client)
+        return view
 
     # -- where messages live ---------------------------------------------------------------------------
 
     def shard_for(self, id: str) -> int:
-        """The shard holding message ``id`` (recurring schedules' occurrences live in shard 0)."""
-        return shard_of(id, len(self.spaces))
+        """The shard a park of ``id`` goes to (recurring schedules' occurrences live in shard 0)."""
+        return self.view().home(id)
 
     def by_shard(self, ids: Iterable[str]) -> dict[int, list[str]]:
+        view = self.view()
         groups: dict[int, list[str]] = {}
         for id in ids:
-            groups.setdefault(self.shard_for(id), []).append(id)
+            groups.setdefault(view.home(id), []).append(id)
         return groups
 
     def to_search(self, id: str) -> list[int]:
-        """The shards that may hold ``id``: its own, and shard 0 (where a schedule's occurrences live)."""
-        home = self.shard_for(id)
-        return [home] if home == 0 else [home, 0]
+        """The shards that may hold ``id``, in the order to look (see :meth:`View.to_search`)."""
+        return self.view().to_search(id)
 
     # -- the clock -------------------------------------------------------------------------------------
 
@@ -242,7 +333,12 @@ class Shards:
     def woken_shards(self, token: bytes | str) -> frozenset[int]:
         """The shards a token popped from a wake list asks to look at (all of them for a stop or unknown one)."""
         shard = self._wake_tokens.get(token if isinstance(token, bytes) else token.encode())
-        return frozenset(range(len(self.spaces))) if shard is None else frozenset((shard,))
+        return frozenset(self.serving) if shard is None else frozenset((shard,))
+
+
+def _said(layout: Layout) -> tuple[int, int, str]:
+    """What a change of layout is logged for (not its being recorded, nor a reshard's times)."""
+    return layout.shards, layout.generation, layout.state
 
 
 def check_client(client: AnyRedis) -> None:

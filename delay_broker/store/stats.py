@@ -27,7 +27,7 @@ class Stats:
         with self.far.snapshot() as view:
             snapshots = [
                 self.runner.run("stats", shard, [window, *HISTOGRAM_EDGES], write=False)
-                for shard in range(len(self.shards.spaces))
+                for shard in self.shards.serving
             ]
             # The moved tokens read with each shard's counts: no move lands between.
             leaving = [int(token) for reply in snapshots for token in reply[9]]
@@ -60,13 +60,13 @@ class Stats:
             live_promoters=max(int(reply[6]) for reply in snapshots),
             counters=counters,
             histogram=histogram,
-            shards=len(snapshots),
+            shards=self.shards.count,
             far=far,
             packed=total(10),
         )
 
     def promotion_lateness(self) -> list[tuple[str, int]]:
-        spaces, client = self.shards.spaces, self.shards.client
+        spaces, client = [self.shards.spaces[shard] for shard in self.shards.serving], self.shards.client
         with self.shards.calling("reading lateness"):
             if self.shards.cluster:  # the shards' keys live in different slots, so on different nodes
                 replies = [client.hgetall(space.lateness) for space in spaces]

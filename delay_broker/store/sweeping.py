@@ -146,7 +146,8 @@ class FarSweeper:
         dropped = 0
         edge = self.shards.now_ms() - delay_to_ms(older_than)
         client = self.shards.client
-        for space in self.shards.spaces:
+        for shard in self.shards.serving:
+            space = self.shards.spaces[shard]
             with self.shards.calling("reading moved tokens"):
                 found: list[bytes] = client.zrangebyscore(space.moved, "-inf", edge, 0, MAX_BATCH)  # type: ignore[assignment]
                 tokens = [int(token) for token in found]

@@ -55,3 +55,17 @@ local function count_first(stats_key, field, count)
     end
     return reply
 end
+
+-- The refusal of a park made by layout generation `caller` (a number, from ARGV) into a shard whose marker
+-- (`generation_key`, absent: 0) is newer: the caller's view of the namespace's shards is out of date (a reshard
+-- moved it on) and its message belongs elsewhere; the store reads the layout again and parks there. Nil when it
+-- may park here. Checked before anything is read or written: one GET every park pays (see
+-- delay_broker/store/layouts.py).
+local function layout_refusal(generation_key, caller)
+    local marker = redis.call('GET', generation_key)
+    if marker and (tonumber(marker) or math.huge) > tonumber(caller) then
+        return redis.error_reply('LAYOUT ' .. marker .. ' this shard is at layout generation ' .. marker
+            .. ', the park was made by generation ' .. caller .. ' (the namespace was resharded): nothing was written')
+    end
+    return nil
+end
