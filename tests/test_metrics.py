@@ -133,6 +133,7 @@ def test_the_backlog_is_exposed_with_no_promoter_and_an_empty_store(store: Delay
         "requeued",
         "opened",
         "pack_damaged",
+        "duplicates_dropped",
     ):
         # At 0 from the first scrape: increase() needs a first sample before the first dead letter.
         assert value(samples, "delay_broker_store_events_total", event=event, **ns) == 0, event

@@ -19,6 +19,7 @@ from typing import Any, Literal
 from ..connect import check_url
 from ..errors import ConfigurationError
 from ..keys import MAX_SHARDS, Keyspace
+from ..once import DEFAULT_WINDOW
 from ..store import DEFAULT_MAX_PAYLOAD, DEFAULT_PACK_AFTER_MS
 
 logger = logging.getLogger("delay_broker.celery")
@@ -85,6 +86,8 @@ class CeleryOptions:
     max_payload_bytes: int = DEFAULT_MAX_PAYLOAD
     pack_after: float | None = DEFAULT_PACK_AFTER_MS / 1000
     inspect_limit: int = 1000
+    once: bool = False
+    once_window: float = DEFAULT_WINDOW
 
     def store_options(self) -> dict[str, Any]:
         """The :class:`~delay_broker.store.DelayStore` arguments these options give."""
@@ -223,6 +226,8 @@ CHECKS: dict[str, Check] = {
     "max_payload_bytes": _int(1, 512 * 1024 * 1024),  # Redis's largest string
     "pack_after": _optional(_seconds(10.0, inclusive=True)),
     "inspect_limit": _int(0, 10_000),
+    "once": _bool,
+    "once_window": _seconds(0.0, inclusive=False),
 }
 """How each option of :class:`CeleryOptions` is checked, in its order."""
 

@@ -191,9 +191,11 @@ def _add_promoter_step(sender: Any = None, **kwargs: Any) -> None:
     transport = conninfo.transport
     if isinstance(transport, DelayBrokerTransport):
         from .bootstep import ControlStep, PromoterStep
+        from .once import OnceStep
 
         sender.app.steps["worker"].add(PromoterStep)
         sender.app.steps["worker"].add(ControlStep)
+        sender.app.steps["worker"].add(OnceStep)
 
 
 worker_init.connect(_add_promoter_step, weak=False, dispatch_uid="delay_broker.celery.promoter_step")

@@ -19,8 +19,10 @@ from dramatiq.errors import DecodeError, QueueNotFound
 
 from .. import sqs_errors
 from ..errors import DeliveryRefused, TargetUnavailable
+from ..once import PROMOTION_MARK, promotion_token
 from ..store import ClaimedMessage
 from ..targets import ListTarget
+from .once import marks_promotions
 
 # Dramatiq 2 renamed ConnectionError to BrokerConnectionError (the old name still works, with a warning).
 _errors: Any = dramatiq.errors
@@ -101,6 +103,9 @@ class BrokerDeliverer:
         if message.message_id != claimed.id or q_name(message.queue_name) != envelope.route:
             raise DeliveryRefused("message id or queue does not match the envelope")
         options = {key: value for key, value in message.options.items() if key != "eta"}
+        token = promotion_token(envelope) if marks_promotions(self.broker) else None
+        if token is not None:
+            options[PROMOTION_MARK] = token  # every delivery of this park carries the same token
         return dataclasses.replace(message, queue_name=envelope.route, options=options)
 
 
