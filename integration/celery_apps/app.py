@@ -47,6 +47,8 @@ def make_app(env: Mapping[str, str]) -> Celery:
 
     def record(task: Any, tag: str) -> None:
         line = {"id": task.request.id, "tag": tag, "t": time.time(), "retries": task.request.retries}
+        # Set by promoters with the once option (the header every delivery of one park carries).
+        line["promotion"] = getattr(task.request, "delay_broker_promotion", None)
         recorder.rpush(record_key, json.dumps(line))
 
     @app.task(name="dbtest.record", bind=True, shared=False)

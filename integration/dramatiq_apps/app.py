@@ -170,7 +170,12 @@ def declare_actors(broker: dramatiq.Broker, queue: str, record: Recorder) -> dic
 
     # The same with a backoff below a 1 s threshold: the retry goes straight to the broker, not parked again.
     @dramatiq.actor(
-        broker=broker, queue_name=queue, actor_name=f"flaky_short_{queue}", max_retries=1, min_backoff=50, max_backoff=100
+        broker=broker,
+        queue_name=queue,
+        actor_name=f"flaky_short_{queue}",
+        max_retries=1,
+        min_backoff=50,
+        max_backoff=100,
     )
     def flaky_short(token: str) -> None:
         if run(token) == 0:
