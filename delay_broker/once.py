@@ -48,10 +48,14 @@ PROMOTION_MARK = "delay_broker_promotion"
 """Where a promoted message carries its promotion token: a Dramatiq message option, a Celery message header."""
 
 DEFAULT_WINDOW = 3600.0
-"""Seconds a record is kept: how long after a delivery a second delivery of it is still recognised.
+"""Seconds a record is kept at least: how long after a delivery a second delivery of it is still recognised.
 
-It covers a promoter's lease (30 s by default) many times over, RabbitMQ (which redelivers a dead consumer's
-messages at once) and kombu's SQS visibility timeout (1800 s). A copy that arrives later runs (at least once)."""
+The adapters' default is :func:`default_window`: this, or longer where the broker redelivers later. An hour covers a
+promoter's lease (30 s by default) many times over, RabbitMQ (which redelivers a dead consumer's messages at once)
+and kombu's SQS visibility timeout (1800 s). A copy that arrives later runs (at least once)."""
+
+WINDOW_MARGIN_S = 60.0
+"""What :func:`default_window` adds to the longest wait it covers."""
 
 DROPPED_COUNTER = "duplicates_dropped"
 """The store counter (``stats()["counters"]``) of deliveries dropped as duplicates, over every worker."""
@@ -108,6 +112,32 @@ def check_window(window: object) -> float:
     if isinstance(window, bool) or not isinstance(window, int | float) or not 0 < window < float("inf"):
         raise ConfigurationError(f"the effectively-once window must be positive seconds, got {window!r}")
     return float(window)
+
+
+def default_window(lease: float, redelivery: float | None = None) -> float:
+    """The window that covers a promoter killed between its publish and its acknowledgement (its batch comes
+    again after ``lease``) and a worker killed after a body ran but before the broker heard of it (the broker
+    hands the message out again after ``redelivery``: an SQS or Redis visibility timeout; RabbitMQ at once):
+    :data:`DEFAULT_WINDOW`, or both waits and :data:`WINDOW_MARGIN_S` when that is longer."""
+    return max(DEFAULT_WINDOW, lease + (redelivery or 0.0) + WINDOW_MARGIN_S)
+
+
+def window_too_short(window: float, lease: float, redelivery: float | None = None) -> str | None:
+    """Why ``window`` cannot cover the documented cases, or None. ``lease``: the promoters' (a killed promoter's
+    batch is published again once it has run out); ``redelivery``: how long the broker waits before it hands
+    out again a message whose worker died (SQS's visibility timeout; RabbitMQ does at once)."""
+    if window <= lease:
+        return (
+            f"the effectively-once window of {window:g} s is not longer than the promoters' lease of {lease:g} s: "
+            "a batch published again after a promoter died may come after the first delivery's record expired"
+        )
+    if redelivery is not None and window <= redelivery:
+        return (
+            f"the effectively-once window of {window:g} s is not longer than the broker's visibility timeout of "
+            f"{redelivery:g} s: a message whose worker died after running it comes back after its record expired "
+            "and runs again. Raise the window, or lower the visibility timeout"
+        )
+    return None
 
 
 class Executions:

@@ -19,8 +19,10 @@ from delay_broker.once import (
     PROMOTION_MARK,
     Executions,
     Verdict,
+    default_window,
     parse_token,
     promotion_token,
+    window_too_short,
 )
 
 
@@ -155,3 +157,28 @@ def test_a_bad_window_is_refused(store: DelayStore, window: object) -> None:
     with pytest.raises(ConfigurationError, match="window"):
         Executions(store, window=window)  # type: ignore[arg-type]
     assert DEFAULT_WINDOW == 3600
+
+
+def test_the_default_window_covers_the_lease_and_the_brokers_redelivery() -> None:
+    assert default_window(30) == DEFAULT_WINDOW  # RabbitMQ redelivers a dead worker's messages at once
+    assert default_window(30, 1800) == DEFAULT_WINDOW  # kombu's SQS queues
+    assert default_window(30, 43_200) == 43_290  # dramatiq-sqs's default visibility timeout, 12 hours
+    assert window_too_short(3600, 30) is None and window_too_short(3600, 30, 1800) is None
+    assert "lease of 30 s" in (window_too_short(20, 30) or "")
+    assert "visibility timeout of 43200 s" in (window_too_short(3600, 30, 43_200) or "")
+
+
+def test_celery_once_window_is_the_option_or_covers_the_transports_visibility_timeout(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from delay_broker.celery.config import once_window, parse_options
+
+    on = parse_options({"once": True})
+    assert once_window(on, "amqp", {}) == DEFAULT_WINDOW
+    assert once_window(on, "redis", {}) == 3600 + 30 + 60  # kombu's Redis visibility_timeout: an hour
+    assert once_window(on, "sqs", {"visibility_timeout": 7200}) == 7200 + 30 + 60
+    caplog.set_level(logging.WARNING, "delay_broker.celery")
+    assert once_window(parse_options({"once": True, "once_window": 600}), "sqs", {}) == 600
+    assert "visibility timeout of 1800 s" in caplog.text
+    with pytest.raises(ConfigurationError, match="once_window"):
+        parse_options({"once_window": 0})

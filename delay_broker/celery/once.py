@@ -23,7 +23,8 @@ from celery import bootsteps
 from celery.exceptions import Ignore, Reject
 
 from ..once import PROMOTION_MARK, Executions
-from .app import app_options, store_for
+from .app import app_options, store_for, transport_kind
+from .config import once_window
 
 logger = logging.getLogger("delay_broker.celery")
 
@@ -47,13 +48,12 @@ class OnceStep(bootsteps.Step):  # type: ignore[misc]
     def create(self, parent: Any) -> None:
         app = parent.app
         options = app_options(app)
-        executions = Executions(store_for(app, options), options.once_window, metrics=options.metrics_port is not None)
+        window = once_window(options, transport_kind(app)[0], app.conf.broker_transport_options)
+        executions = Executions(store_for(app, options), window, metrics=options.metrics_port is not None)
         wrapped = install_once(app, executions)
         _warn_if_spawned(parent)
         logger.info(
-            "delay_broker: effectively-once execution of promoted tasks on (%d tasks, window %g s)",
-            wrapped,
-            options.once_window,
+            "delay_broker: effectively-once execution of promoted tasks (%d tasks, window %g s)", wrapped, window
         )
 
 

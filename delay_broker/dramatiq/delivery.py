@@ -22,7 +22,6 @@ from ..errors import DeliveryRefused, TargetUnavailable
 from ..once import PROMOTION_MARK, promotion_token
 from ..store import ClaimedMessage
 from ..targets import ListTarget
-from .once import marks_promotions
 
 # Dramatiq 2 renamed ConnectionError to BrokerConnectionError (the old name still works, with a warning).
 _errors: Any = dramatiq.errors
@@ -107,6 +106,12 @@ class BrokerDeliverer:
         if token is not None:
             options[PROMOTION_MARK] = token  # every delivery of this park carries the same token
         return dataclasses.replace(message, queue_name=envelope.route, options=options)
+
+
+def marks_promotions(broker: dramatiq.Broker) -> bool:
+    """Whether the promoters of ``broker`` mark what they promote: it has an ``OnceMiddleware`` (which sets
+    ``marks_promotions``; :mod:`.once` imports this module's neighbours, not the other way round)."""
+    return any(getattr(middleware, "marks_promotions", False) for middleware in broker.middleware)
 
 
 def classify(error: BaseException) -> type[DeliveryRefused] | type[TargetUnavailable] | None:

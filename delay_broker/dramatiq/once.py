@@ -7,16 +7,21 @@ promoters of a broker with an :class:`OnceMiddleware` mark each message they pro
 
 from __future__ import annotations
 
+import logging
 import threading
 from datetime import timedelta
-from typing import Any
+from typing import Any, ClassVar
 
 import dramatiq
 from dramatiq.middleware import SkipMessage
 
 from ..errors import ConfigurationError
-from ..once import DEFAULT_WINDOW, PROMOTION_MARK, Execution, Executions, check_window
+from ..once import PROMOTION_MARK, Execution, Executions, check_window, default_window, window_too_short
 from ..store import DelayStore
+from .delays import native_cap_ms
+from .middleware import DelayMiddleware
+
+logger = logging.getLogger("delay_broker.dramatiq")
 
 
 class OnceMiddleware(dramatiq.Middleware):
@@ -35,20 +40,26 @@ class OnceMiddleware(dramatiq.Middleware):
     Parameters:
       window: seconds (or a timedelta) an execution is remembered: longer than the promoters' ``lease`` and
         than the broker's redelivery of a message whose worker died (RabbitMQ: at once; SQS: its visibility
-        timeout). Default one hour (see :data:`delay_broker.once.DEFAULT_WINDOW`).
+        timeout). Default: one hour, or the lease plus dramatiq-sqs's ``visibility_timeout`` plus a minute when
+        that is longer (see :func:`delay_broker.once.default_window`).
       store: the store whose Redis keeps the records; default: the broker's ``DelayMiddleware``'s.
       metrics: count the drops in ``delay_broker_duplicates_dropped_total``; default: when the broker has
         Dramatiq's ``Prometheus`` middleware.
     """
 
+    marks_promotions: ClassVar[bool] = True
+    """Read by the broker's deliverer (:mod:`.delivery`): promoters mark what they promote."""
+
     def __init__(
         self,
         *,
-        window: float | timedelta = DEFAULT_WINDOW,
+        window: float | timedelta | None = None,
         store: DelayStore | None = None,
         metrics: bool | None = None,
     ) -> None:
-        self.window = check_window(window.total_seconds() if isinstance(window, timedelta) else window)
+        seconds = window.total_seconds() if isinstance(window, timedelta) else window
+        self.window = None if seconds is None else check_window(seconds)
+        """The window given, or None for the default (known once the broker is)."""
         self._store = store
         self.metrics = metrics
         self._executions: Executions | None = None
@@ -63,8 +74,16 @@ class OnceMiddleware(dramatiq.Middleware):
                     metrics = self.metrics
                     if metrics is None:
                         metrics = any(type(m).__name__ == "Prometheus" for m in broker.middleware)
-                    self._executions = Executions(self._store or _delay_store(broker), self.window, metrics=metrics)
+                    window = self.window or default_window(*_waits(broker))
+                    self._executions = Executions(self._store or _delay_store(broker), window, metrics=metrics)
         return self._executions
+
+    def after_worker_boot(self, broker: dramatiq.Broker, worker: dramatiq.Worker) -> None:
+        """Say once, when a worker starts, if a window given cannot cover the promoters' lease or the broker's
+        redelivery (dramatiq-sqs's ``visibility_timeout``, 12 hours by default)."""
+        problem = None if self.window is None else window_too_short(self.window, *_waits(broker))
+        if problem:
+            logger.warning("OnceMiddleware: %s.", problem)
 
     def before_process_message(self, broker: dramatiq.Broker, message: dramatiq.MessageProxy) -> None:
         self._current.execution = None
@@ -100,14 +119,16 @@ class OnceMiddleware(dramatiq.Middleware):
         self.executions(broker).end(execution, succeeded=succeeded)
 
 
-def marks_promotions(broker: dramatiq.Broker) -> bool:
-    """Whether the promoters of ``broker`` mark the messages they promote (it has an :class:`OnceMiddleware`)."""
-    return any(isinstance(middleware, OnceMiddleware) for middleware in broker.middleware)
+def _waits(broker: dramatiq.Broker) -> tuple[float, float | None]:
+    """The promoters' lease, and how long the broker waits before it hands out again a message whose worker
+    died: dramatiq-sqs's visibility timeout (RabbitMQ and RedisBroker: at once, or once the worker's heartbeat
+    has stopped)."""
+    leases = [m.promoter_options["lease"] for m in broker.middleware if isinstance(m, DelayMiddleware)]
+    visibility = getattr(broker, "visibility_timeout", None) if native_cap_ms(broker) is not None else None
+    return float(max(leases, default=0.0)), None if visibility is None else float(visibility)
 
 
 def _delay_store(broker: dramatiq.Broker) -> DelayStore:
-    from .middleware import DelayMiddleware
-
     for middleware in broker.middleware:
         if isinstance(middleware, DelayMiddleware):
             return middleware.store
