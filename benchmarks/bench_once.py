@@ -8,9 +8,12 @@ Starts a private redis-server, measures, and prints a table followed by ``name=v
   ``SET NX PX`` and ``SET PX``, two round trips), µs per message, one thread on loopback;
   once_floor_us: the same two commands sent with bare redis-py (the least they can cost).
 - once_bytes_per_record: Redis memory per record kept for the window (uuid ids, a namespace of 7 characters).
-- once_worker_ratio: promoted messages per second through a Dramatiq worker (StubBroker, 8 threads, an actor
-  that does nothing) with OnceMiddleware, over the same messages without it. The broker is in memory, so
-  the ratio is the worst case: with RabbitMQ or SQS each message costs the broker's round trips on top.
+- once_stub_ratio: promoted messages per second through a Dramatiq worker (StubBroker, 8 threads, an actor
+  that does nothing) with OnceMiddleware, over the same messages without it (``once_stub_rate``,
+  ``once_stub_rate_without``). The broker is in memory: the worst case, the records are all there is to do.
+- once_rabbitmq_ratio: the same through a private RabbitMQ node (``RabbitmqBroker``, the messages published
+  beforehand), where each message also costs the broker's delivery and acknowledgement;
+  once_rabbitmq_5ms_ratio: with an actor that waits 5 ms (I/O, as most actors do something).
 """
 
 from __future__ import annotations
@@ -70,16 +73,26 @@ def bytes_per_record(client: redis.Redis, count: int) -> float:
     return (after - before) / count
 
 
-def worker_rate(client: redis.Redis, count: int, once: bool) -> float:
-    """Messages per second a Dramatiq worker runs, each marked as promoted."""
-    broker = StubBroker()
+def worker_rate(
+    client: redis.Redis, count: int, once: bool, rabbitmq_url: str | None = None, work_s: float = 0.0
+) -> float:
+    """Messages per second a Dramatiq worker runs, each marked as promoted (on a StubBroker, or RabbitMQ)."""
+    broker: dramatiq.Broker
+    if rabbitmq_url is None:
+        broker = StubBroker()
+    else:
+        from dramatiq.brokers.rabbitmq import RabbitmqBroker
+
+        broker = RabbitmqBroker(url=rabbitmq_url)
     broker.emit_after("process_boot")
     if once:
         broker.add_middleware(OnceMiddleware(store=DelayStore(client, namespace=f"w-{uuid.uuid4().hex[:6]}")))
     done: list[int] = []
 
-    @dramatiq.actor(broker=broker, queue_name="bench", actor_name="noop")
+    @dramatiq.actor(broker=broker, queue_name=f"bench{uuid.uuid4().hex[:8]}", actor_name="noop")
     def noop(n: int) -> None:
+        if work_s:
+            time.sleep(work_s)
         done.append(n)
 
     for n in range(count):
@@ -93,43 +106,63 @@ def worker_rate(client: redis.Redis, count: int, once: bool) -> float:
         time.sleep(0.005)
     elapsed = time.perf_counter() - started
     worker.stop()
-    broker.close()
+    broker.close()  # a RabbitMQ queue is left to the private node, stopped at the end
     return count / elapsed
 
 
+def ratios(
+    client: redis.Redis, count: int, rounds: int, rabbitmq_url: str | None = None, work_s: float = 0.0
+) -> tuple[float, float, float]:
+    """Median rates with and without OnceMiddleware, and their ratio: rounds alternate which side goes first."""
+    rates: dict[bool, list[float]] = {True: [], False: []}
+    for turn in range(rounds):
+        for once in (True, False) if turn % 2 == 0 else (False, True):
+            rates[once].append(worker_rate(client, count, once, rabbitmq_url, work_s))
+    with_once, without = statistics.median(rates[True]), statistics.median(rates[False])
+    return with_once, without, with_once / without
+
+
 def main() -> None:
+    from integration.servers import RabbitNode
+
     parser = argparse.ArgumentParser()
     parser.add_argument("--messages", type=int, default=20_000)
+    parser.add_argument("--rabbitmq-messages", type=int, default=5_000)
     parser.add_argument("--records", type=int, default=100_000)
     parser.add_argument("--rounds", type=int, default=3)
     options = parser.parse_args()
+    figures: dict[str, float] = {}
     with EmbeddedRedis() as server:
         client: Any = server.client()
         store = DelayStore(client, namespace="bench-once")
-        ours, floor, ratios = [], [], []
-        for round in range(options.rounds):
+        ours, floor = [], []
+        for turn in range(options.rounds):
             # Interleaved, and each side first in turn: a noisy machine hits both alike.
-            sides = [True, False] if round % 2 == 0 else [False, True]
-            rates: dict[bool, float] = {}
-            for once in sides:
-                rates[once] = worker_rate(client, options.messages, once)
-            ratios.append(rates[True] / rates[False])
-            if round % 2 == 0:
+            if turn % 2 == 0:
                 ours.append(records_us(store, options.messages))
-                floor.append(floor_us(client, options.messages))
-            else:
-                floor.append(floor_us(client, options.messages))
+            floor.append(floor_us(client, options.messages))
+            if turn % 2 == 1:
                 ours.append(records_us(store, options.messages))
-        memory = bytes_per_record(client, options.records)
-        figures = {
-            "once_us_per_message": round(statistics.median(ours), 1),
-            "once_floor_us": round(statistics.median(floor), 1),
-            "once_bytes_per_record": round(memory, 1),
-            "once_worker_ratio": round(statistics.median(ratios), 3),
-        }
-    print(f"{'measure':<24} value")
+        figures["once_us_per_message"] = round(statistics.median(ours), 1)
+        figures["once_floor_us"] = round(statistics.median(floor), 1)
+        figures["once_bytes_per_record"] = round(bytes_per_record(client, options.records), 1)
+        with_once, without, ratio = ratios(client, options.messages, options.rounds)
+        figures |= {"once_stub_rate": round(with_once), "once_stub_rate_without": round(without)}
+        figures["once_stub_ratio"] = round(ratio, 3)
+        rabbit = RabbitNode()
+        try:
+            rabbit.start()
+            for name, work_s in (("once_rabbitmq", 0.0), ("once_rabbitmq_5ms", 0.005)):
+                with_once, without, ratio = ratios(
+                    client, options.rabbitmq_messages, options.rounds, rabbit.pika_url, work_s
+                )
+                figures |= {f"{name}_rate": round(with_once), f"{name}_rate_without": round(without)}
+                figures[f"{name}_ratio"] = round(ratio, 3)
+        finally:
+            rabbit.close()
+    print(f"{'measure':<28} value")
     for name, value in figures.items():
-        print(f"{name:<24} {value}")
+        print(f"{name:<28} {value}")
     for name, value in figures.items():
         print(f"{name}={value}")
 
