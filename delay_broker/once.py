@@ -183,12 +183,13 @@ class Executions:
             key = space.once(id, promotion, attempt)
             if self.store.client.set(key, _RUNNING, nx=True, px=self._window_ms):
                 return Execution(Verdict.RUN, id, key)
-            if self.store.client.get(key) != _DONE:
-                return Execution(Verdict.RERUN, id, key)
-            self._count_drop(space.stats)
+            done = self.store.client.get(key) == _DONE
         except (redis.RedisError, RedisClusterException, DelayBrokerError) as error:
             self._unreachable(id, error)
             return Execution(Verdict.UNCHECKED, id)
+        if not done:
+            return Execution(Verdict.RERUN, id, key)
+        self._count_drop(id, space.stats)
         self._log_drop(id, promotion, attempt)
         return Execution(Verdict.DUPLICATE, id, key)
 
@@ -205,15 +206,16 @@ class Executions:
             else:
                 self.store.client.delete(execution.key)
         except (redis.RedisError, RedisClusterException) as error:
-            # The record stays "r" (or comes back "r"): a later copy runs, as at least once does.
-            logger.warning(
-                "Could not record the end of message %s (%s): a later copy of it would run.", execution.id, error
-            )
+            # The record stays "r" (or, deleted, stays): a later copy runs, as at least once does.
+            self._unreachable(execution.id, error)
 
-    def _count_drop(self, stats_key: str) -> None:
-        self.store.client.hincrby(stats_key, DROPPED_COUNTER, 1)
+    def _count_drop(self, id: str, stats_key: str) -> None:
         if self._dropped is not None:
             self._dropped.inc()
+        try:
+            self.store.client.hincrby(stats_key, DROPPED_COUNTER, 1)
+        except (redis.RedisError, RedisClusterException) as error:
+            self._unreachable(id, error)  # dropped all the same: it is known to have run
 
     def _log_drop(self, id: str, promotion: str, attempt: int) -> None:
         with self._lock:

@@ -56,6 +56,11 @@ def make_app(env: Mapping[str, str]) -> Celery:
         record(self, tag)
         return tag
 
+    @app.task(name="dbtest.record_plain", shared=False)  # not bound: the request is read from the task object
+    def record_plain(tag: str) -> str:
+        record(record_plain, tag)
+        return tag
+
     @app.task(name="dbtest.retry_once", bind=True, shared=False)
     def retry_once(self: Any, tag: str, countdown: float) -> str:
         record(self, tag)
