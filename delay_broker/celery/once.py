@@ -52,6 +52,7 @@ class OnceStep(bootsteps.Step):  # type: ignore[misc]
         executions = Executions(store_for(app, options), window, metrics=options.metrics_port is not None)
         wrapped = install_once(app, executions)
         _warn_if_spawned(parent)
+        _warn_if_tracked(app)
         logger.info(
             "delay_broker: effectively-once execution of promoted tasks (%d tasks, window %g s)", wrapped, window
         )
@@ -95,6 +96,17 @@ def _checked(task: Any, run: Any, executions: Executions) -> Any:
 
     setattr(checked, _WRAPPED, True)
     return checked
+
+
+def _warn_if_tracked(app: Any) -> None:
+    """``track_started`` stores STARTED before any hook that can stop a task runs: a dropped copy leaves it."""
+    tracked = sorted(name for name, task in app.tasks.items() if getattr(task, "track_started", False))
+    if tracked:
+        logger.warning(
+            "delay_broker once: %s track_started: Celery stores STARTED before the check runs, so a dropped second "
+            "delivery leaves the task's state at STARTED in the result backend (its result is overwritten).",
+            ", ".join(tracked[:10]) + (f" and {len(tracked) - 10} more" if len(tracked) > 10 else ""),
+        )
 
 
 def _warn_if_spawned(parent: Any) -> None:
