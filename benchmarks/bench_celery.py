@@ -49,12 +49,7 @@ def start_worker(env: dict[str, str], name: str, concurrency: int = 8) -> Worker
         "--without-heartbeat",
     )  # fmt: skip
     worker = WorkerProcess(command, env, name)
-
-    def ready() -> bool:
-        worker.check_alive()
-        return " ready." in worker.text()
-
-    wait_for(ready, 90, f"celery worker {name} ready")
+    worker.wait_ready(" ready.", f"celery worker {name} ready")
     return worker
 
 

@@ -291,12 +291,7 @@ def start_worker(env: dict[str, str], name: str, threads: int = 8) -> WorkerProc
         "-m", "dramatiq", "benchmarks.apps.dramatiq_app:broker", "--processes", "1", "--threads", str(threads)
     )
     worker = WorkerProcess(command, env, name)
-
-    def ready() -> bool:
-        worker.check_alive()
-        return "ready for action" in worker.text()
-
-    wait_for(ready, 90, f"dramatiq worker {name} booted")
+    worker.wait_ready("ready for action", f"dramatiq worker {name} booted")
     return worker
 
 

@@ -1,7 +1,7 @@
 """Scale-out and failover benchmark: a sharded namespace on a 3-master Redis Cluster, and Sentinel failovers
 under load.
 
-    python benchmarks/bench_scale.py [--only cluster,capacity,failover] [--verbose]
+    python benchmarks/bench_scale.py [--only cluster,capacity,failover,rebalance] [--verbose]
 
 Starts its own servers (integration/ha_servers.py: a 3-master Redis Cluster, a fresh Sentinel set of 1 master,
 1 replica and 1 Sentinel per failover scenario, and an EmbeddedRedis), stops them at the end, and prints
@@ -17,6 +17,11 @@ Starts its own servers (integration/ha_servers.py: a 3-master Redis Cluster, a f
   exactly-once promotion (DirectLists) with a failover mid-run.
 - failover_s, failover_recovery_s[_durable]: how long the failover took; from SENTINEL FAILOVER to the end of
   the longest pause in consumption that overlaps it (target <= failover_s + 2).
+- rebalance_lost, rebalance_max_pause_s: a 4th master added to a 3-master cluster (each with a replica) and
+  ``redis-cli --cluster rebalance`` run while 2 producers park and 4 promoters promote
+  (integration/rebalance_load.py): acknowledged parks never consumed (target 0), and the longest gap between two
+  promotions that overlaps the rebalance; with the duplicates, early promotions and the time ``MIGRATE`` of one
+  big pack blocks its master (migrate_pack_*).
 """
 
 from __future__ import annotations
@@ -52,8 +57,9 @@ from tests.helpers import threads_running
 
 from .bench_core import message_ids
 from .common import delete_store, fmt, median
+from .rebalance import PLAN, rebalance_under_load
 
-SECTIONS = ("cluster", "capacity", "failover")
+SECTIONS = ("cluster", "capacity", "failover", "rebalance")
 SHARDS = 12
 FAR = 30 * 86400.0
 """Seconds: a delay that never comes due during the run."""
@@ -347,6 +353,56 @@ def recovery(times: list[float], start: float, end: float) -> float:
     return math.nan if longest is None else longest[1] - start
 
 
+# ------------------------------------------------------------------------------------------------- rebalance
+
+
+def report_rebalance() -> None:
+    plan = PLAN
+    say(
+        f"Redis Cluster of 3 masters, each with a replica; 2 producers park {plan.rate:.0f}/s each (due in 1-4 s, or "
+        f"packed and due in 12-24 s), 2 at-least-once promoters (shards={plan.shards}) and 2 exactly-once ones (a "
+        f"1-shard namespace whose slot moves); {plan.backlog} far-future messages of {plan.backlog_payload} B per "
+        f"namespace; after {plan.warmup:.0f} s a 4th master is added and `redis-cli --cluster rebalance "
+        f"--cluster-use-empty-masters --cluster-pipeline {plan.pipeline}` run; {plan.after:.0f} s more load, then "
+        "every message waited for"
+    )
+    figures, moves = rebalance_under_load(plan)
+    say(
+        f"acknowledged {figures['acknowledged']}, duplicates {figures['duplicates']} (at-least-once bound "
+        f"{figures['duplicate_bound']}: batch x promoter errors {figures['promoter_errors']}), early "
+        f"{figures['early']}, packed {figures['packed']}, park attempts refused {figures['refused'] or 'none'}; "
+        f"rebalance {figures['rebalance_seconds']:.1f} s, {figures['moved_shards']} of {plan.shards} shards moved "
+        f"(and the exactly-once one: {figures['exactly_once_moved']}), {figures['masters']} masters after; "
+        f"TRYAGAIN/ASK/MOVED replies {figures['redirects']}; lateness max {figures['max_lateness_ms']} ms; "
+        f"reader (stats, a page, a message by id every 0.1 s): {figures['reads']} rounds, errors "
+        f"{figures['read_errors'] or 'none'}"
+    )
+    out("rebalance_lost", sum(figures["lost"].values()))
+    out("rebalance_dup_exactly_once", figures["duplicates"]["exactly_once"])
+    out("rebalance_dup_at_least_once", figures["duplicates"]["at_least_once"])
+    out("rebalance_early", figures["early"])
+    out("rebalance_s", figures["rebalance_seconds"])
+    say(
+        "rebalance_max_pause_s: the longest gap between two promotions of one namespace overlapping the rebalance "
+        f"(at least once, 12 shards: {figures['max_pause_s']['at_least_once']:.3f} s; exactly once, its slot moved: "
+        f"{figures['max_pause_s']['exactly_once']:.3f} s)"
+    )
+    out("rebalance_max_pause_s", max(figures["max_pause_s"].values()))
+    say(
+        "MIGRATE of a shard's big keys to another master (250 B payloads): one pack (messages due at the same time), "
+        "or the ordinary layout's due + msg; a probe PINGs the source master back to back meanwhile: the move's "
+        "time, and the longest PING (the master blocked)"
+    )
+    for move in moves["moves"]:
+        say(
+            f"  {move['messages']} messages, {move['what']}: {move['bytes'] / 1e6:.1f} MB (MEMORY USAGE), MIGRATE "
+            f"{move['seconds'] * 1000:.0f} ms, longest PING {move['longest_ping'] * 1000:.0f} ms"
+        )
+        label = "pack" if move["what"] == "one pack" else "ordinary"
+        out(f"migrate_{label}_{move['messages']}_s", move["seconds"])
+        out(f"migrate_{label}_{move['messages']}_longest_ping_s", move["longest_ping"])
+
+
 # ------------------------------------------------------------------------------------------------- main
 
 
@@ -450,6 +506,9 @@ def main() -> None:
         for suffix, (value, took) in recoveries.items():
             say(f"  recovery{suffix or ' (replicas=0)'}: {fmt(value)} s, its failover {took:.1f} s")
             out(f"failover_recovery_s{suffix}", value)
+
+    if "rebalance" in only:
+        report_rebalance()
 
     out("wall_s", time.monotonic() - wall)
 

@@ -127,24 +127,42 @@ class WorkerProcess:
         return total / 1e6
 
     def stop(self, timeout: float = 30.0) -> None:
-        if self.process.poll() is None:
-            # The CLI process only: it forwards the signal to its workers (a second SIGTERM, from a group-wide
-            # kill, makes Dramatiq kill them without running their shutdown hooks).
-            with contextlib.suppress(ProcessLookupError):
-                self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout)
-            except subprocess.TimeoutExpired:
+        try:
+            if self.process.poll() is None:
+                # The CLI process only: it forwards the signal to its workers (a second SIGTERM, from a group-wide
+                # kill, makes Dramatiq kill them without running their shutdown hooks).
                 with contextlib.suppress(ProcessLookupError):
-                    os.killpg(self.process.pid, signal.SIGKILL)
-                self.process.wait(10)
-        # Forked children of a CLI that died first are in the same group: make sure none is left.
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(self.process.pid, signal.SIGKILL)
+                    self.process.send_signal(signal.SIGTERM)
+                try:
+                    self.process.wait(timeout)
+                except subprocess.TimeoutExpired:
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(self.process.pid, signal.SIGKILL)
+                    self.process.wait(10)
+        finally:
+            # Forked children of a CLI that died first are in the same group, and an interrupted run (Ctrl-C,
+            # SIGTERM) may not have waited: make sure none is left.
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.process.pid, signal.SIGKILL)
 
     def close(self) -> None:
-        self.stop()
-        self.log.unlink(missing_ok=True)
+        try:
+            self.stop()
+        finally:
+            self.log.unlink(missing_ok=True)
+
+    def wait_ready(self, marker: str, what: str, timeout: float = 90) -> None:
+        """Waits for ``marker`` in the log; the process is stopped if it never comes (or the wait is interrupted)."""
+
+        def ready() -> bool:
+            self.check_alive()
+            return marker in self.text()
+
+        try:
+            wait_for(ready, timeout, what)
+        except BaseException:
+            self.close()
+            raise
 
 
 def python_command(*args: str) -> list[str]:

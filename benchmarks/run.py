@@ -15,16 +15,13 @@ import contextlib
 import json
 import math
 import os
-import platform
 import shlex
 import signal
-import subprocess
 import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, fields, replace
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
@@ -36,10 +33,11 @@ import redis
 
 from delay_broker.embedded import EmbeddedRedis
 
-from . import bench_celery, bench_core, bench_dramatiq, bench_tier
-from .common import HERE, Lateness, delete_store, fmt
+from . import bench_celery, bench_core, bench_dramatiq, bench_e2e, bench_tier
+from .common import HERE, Lateness, delete_store
+from .report import E2E, MAIN, Report, RunInfo, load_average, write_results
 
-MEASURES = ("drain", "scale", "publish", "park", "lateness", "rss", "memory", "tier", "idle", "competitor")
+MEASURES = ("drain", "scale", "publish", "park", "lateness", "rss", "memory", "tier", "idle", "competitor", "e2e")
 
 
 @dataclass(frozen=True)
@@ -65,74 +63,21 @@ class Sizes:
     idle_promoters: int
     idle_seconds: float
     lts_interval: float
+    e2e_dramatiq: int
+    e2e_celery: int
+    e2e_rounds: int
+    park_threads: int
+    park_per_thread: int
 
 
 SCALES = {
     "small": Sizes(20_000, 2, 1000, 100_000, 5_000, 3, 500, 200, 2, 2_000, 2, 1000, 5, 3, 10_000, 2_000, 1_500,
-                   100_000, 2, 6, 1.0),
+                   100_000, 2, 6, 1.0, 2_000, 1_000, 1, 8, 100),
     "default": Sizes(200_000, 3, 1000, 1_000_000, 10_000, 5, 3_000, 600, 3, 10_000, 4, 1000, 30, 3, 50_000,
-                     20_000, 6_000, 1_000_000, 4, 20, 1.0),
+                     20_000, 6_000, 1_000_000, 4, 20, 1.0, 20_000, 5_000, 2, 8, 500),
     "full": Sizes(1_000_000, 3, 1000, 10_000_000, 10_000, 5, 10_000, 2_000, 3, 20_000, 4, 1000, 30, 3, 100_000,
-                  50_000, 10_000, 5_000_000, 4, 30, 1.0),
+                  50_000, 10_000, 5_000_000, 4, 30, 1.0, 20_000, 5_000, 3, 8, 1000),
 }  # fmt: skip
-
-TARGETS = {
-    "drain_ratio": (">=", 0.7),
-    "publish_ratio_rabbitmq": (">=", 0.9),
-    "publish_ratio_sqs": (">=", 0.9),
-    "park_ratio": ("<=", 1.0),
-    "lateness_p50_ms": ("<=", 2.0),
-    "lateness_p99_ms": ("<=", 5.0),
-    "worker_rss_growth_mb": ("<=", 5.0),
-    "celery_worker_rss_growth_mb": ("<=", 5.0),
-    "bytes_per_parked": ("<=", 150.0),
-    "scale_ratio": (">=", 0.85),
-    "idle_calls_per_s": ("<=", 1.0),
-    "redis_bytes_per_far_message": ("<=", 20.0),
-    "tier_lateness_p99_ms": ("<=", 5.0),
-}
-
-
-@dataclass
-class Row:
-    measure: str
-    ours: str
-    reference: str
-    value: str
-    target: str = ""
-
-
-class Report:
-    def __init__(self) -> None:
-        self.rows: list[Row] = []
-        self.values: dict[str, float] = {}
-        self.lateness: list[Lateness] = []
-        self.rates: dict[str, float] = {}
-        self.notes: list[str] = []
-
-    def add(self, measure: str, ours: Any, reference: Any, name: str, value: float, extra: str = "") -> None:
-        self.values[name] = value
-        target = TARGETS.get(name)
-        verdict = ""
-        if target is not None:
-            op, limit = target
-            ok = value >= limit if op == ">=" else value <= limit
-            verdict = f"{op} {limit:g} {'ok' if ok else 'MISS'}"
-        self.rows.append(Row(measure, fmt(ours), fmt(reference), f"{name}={fmt(value)}{extra}", verdict))
-
-    def table(self) -> str:
-        headers = Row("measure", "ours", "reference", "value", "target")
-        widths = [max(len(getattr(r, f.name)) for r in [headers, *self.rows]) for f in fields(Row)]
-        lines = []
-        for n, row in enumerate([headers, *self.rows]):
-            cells = [getattr(row, f.name).ljust(w) for f, w in zip(fields(Row), widths, strict=True)]
-            lines.append("| " + " | ".join(cells) + " |")
-            if n == 0:
-                lines.append("|" + "|".join("-" * (w + 2) for w in widths) + "|")
-        return "\n".join(lines)
-
-    def name_values(self) -> str:
-        return "\n".join(f"{name}={value:.3f}" for name, value in self.values.items())
 
 
 @contextlib.contextmanager
@@ -273,7 +218,7 @@ def run_lateness(report: Report, s: Sizes, env: dict[str, Any]) -> None:
         report.lateness.extend([ours, native])
         missing = ours.missing + native.missing
         if missing:
-            report.notes.append(f"{kind}: {missing} lateness records missing")
+            report.note(f"{kind}: {missing} lateness records missing")
     report.values["lateness_late_sends"] = late_sends
 
 
@@ -407,7 +352,7 @@ def run_competitor(report: Report, s: Sizes, env: dict[str, Any]) -> None:
         "9. Celery apply_async(eta=+1h) us/msg: ours vs native",
         park["celery_park_ours_us"],
         park["celery_park_native_us"],
-        "celery_park_ratio",
+        "celery_park_1h_ratio",
         park["celery_park_ours_us"] / park["celery_park_native_us"],
     )
     report.add(
@@ -447,6 +392,61 @@ def run_competitor(report: Report, s: Sizes, env: dict[str, Any]) -> None:
     report.lateness.append(e2e)
 
 
+E2E_FIGURES = (
+    ("redis_cpu", "s", "redis-server CPU s"),
+    ("worker_cpu", "s", "worker CPU s (process tree)"),
+    ("drain", "ms", "last due -> last run ms"),
+    ("send", "us", "producer's send us/msg"),
+    ("commands", "", "client commands (producer + worker)"),
+    ("round_trips", "", "client round trips (socket writes)"),
+    ("client_bytes", "", "bytes clients sent"),
+    ("script_calls", "", ""),  # native Celery runs none: no ratio, the counts alone
+)
+
+
+@section("end to end with real workers, parks from 8 threads, import weight")
+def run_e2e(report: Report, s: Sizes, env: dict[str, Any]) -> None:
+    url, process = env["redis"].url, env["redis"].process.pid
+    for n, (kind, count, worker) in enumerate(
+        (("dramatiq", s.e2e_dramatiq, "1 process x 8 threads"), ("celery", s.e2e_celery, "threads pool x 8"))
+    ):
+        rounds = bench_e2e.e2e(kind, url, process, count, s.e2e_rounds)
+        prefix = f"{kind}_e2e"
+        title = f"{11 + n}. {kind.capitalize()} e2e, {count:,} due together, {worker}"
+        for stem, unit, label in E2E_FIGURES:
+            ours, native = bench_e2e.median_figure(rounds, stem)
+            if label:
+                report.add(f"{title}: {label}", ours, native, f"{prefix}_{stem}_ratio", ours / native)
+            suffix = f"_{unit}" if unit else ""
+            report.values[f"{prefix}_{stem}{suffix}_ours"] = ours
+            report.values[f"{prefix}_{stem}{suffix}_native"] = native
+        for side in rounds.values():
+            for one in side:
+                for problem in one.problems:
+                    report.note(f"{kind}: {problem}")
+        report.details.append(bench_e2e.commandstats_report(kind, rounds))
+    park = bench_e2e.celery_park(url, s.e2e_celery, s.park_rounds)
+    report.add(f"12. Celery apply_async(eta=+60 s) us/msg, no worker running ({s.e2e_celery:,} a side)",
+               park["celery_park_us_ours"], park["celery_park_us_native"], "celery_park_ratio",
+               park["celery_park_ratio"])  # fmt: skip
+    park = bench_e2e.park_concurrent(url, s.park_threads, s.park_per_thread, s.park_rounds)
+    report.add(
+        f"13. {s.park_threads} threads parking at once (delay=1h), us/msg ({s.park_threads * s.park_per_thread:,} "
+        f"per round, {s.park_rounds} rounds)",
+        park["park_concurrent_us_ours"],
+        park["park_concurrent_us_native"],
+        "park_ratio_concurrent",
+        park["park_ratio_concurrent"],
+    )
+    for kind, name in (("dramatiq", "import_rss_mb"), ("celery", "import_rss_mb_celery")):
+        weight = bench_e2e.import_rss(url, kind)
+        what = "DelayMiddleware" if kind == "dramatiq" else "delay_broker's transport"
+        report.add(f"14. {kind.capitalize()} worker RSS MB before any message, with {what} vs without",
+                   weight["with_mb"], weight["without_mb"], name, weight["delta_mb"])  # fmt: skip
+        report.values[f"{name}_extra_modules"] = weight["extra_modules"]
+        report.note(f"{kind} worker: packages only delay_broker's imports: {', '.join(weight['packages'])}")
+
+
 RUNNERS: dict[str, Callable[[Report, Sizes, dict[str, Any]], None]] = {
     "drain": run_drain,
     "scale": run_scale,
@@ -458,80 +458,8 @@ RUNNERS: dict[str, Callable[[Report, Sizes, dict[str, Any]], None]] = {
     "tier": run_tier,
     "idle": run_idle,
     "competitor": run_competitor,
+    "e2e": run_e2e,
 }
-
-
-# -- results file ------------------------------------------------------------------------------------------------
-
-START, END = "<!-- generated:start -->", "<!-- generated:end -->"
-
-
-def versions(redis_server: str | None = None) -> dict[str, str]:
-    def command(*args: str) -> str:
-        try:
-            return subprocess.run(args, capture_output=True, text=True, timeout=30).stdout.strip()
-        except (OSError, subprocess.TimeoutExpired):
-            return "n/a"
-
-    found = {
-        "python": platform.python_version(),
-        "redis-server": command(redis_server or "redis-server", "--version").split(" v=")[-1].split(" ")[0],
-        "rabbitmq-server": command("dpkg-query", "-W", "-f=${Version}", "rabbitmq-server") or "n/a",
-        "erlang": command("dpkg-query", "-W", "-f=${Version}", "erlang-base") or "n/a",
-    }
-    for package in ("dramatiq", "dramatiq-sqs", "celery", "kombu", "redis", "moto", "celery-longterm-scheduler"):
-        try:
-            found[package if package != "redis" else "redis-py"] = metadata.version(package)
-        except metadata.PackageNotFoundError:
-            found[package] = "not installed"
-    return found
-
-
-def machine() -> str:
-    memory = "n/a"
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemTotal"):
-                memory = f"{int(line.split()[1]) / 1024 / 1024:.1f} GiB"
-    cpu = "n/a"
-    with contextlib.suppress(OSError):
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    load = ", ".join(f"{value:.2f}" for value in os.getloadavg())
-    return f"{os.cpu_count()} CPUs (nproc), {cpu}, {memory} RAM, load average at the end {load}"
-
-
-def write_results(
-    report: Report, command: str, scale: str, elapsed: float, chart: Path | None, redis_server: str | None = None
-) -> Path:
-    path = HERE / "RESULTS.md"
-    generated = [
-        START,
-        f"Generated by `{command}` (scale `{scale}`) on {time.strftime('%Y-%m-%d %H:%M %Z')}, "
-        f"in {elapsed / 60:.1f} min.",
-        "",
-        f"- Machine: {machine()}",
-        "- Versions: " + ", ".join(f"{name} {version}" for name, version in versions(redis_server).items()),
-        "",
-        report.table(),
-        "",
-        *([f"Notes: {'; '.join(report.notes)}", ""] if report.notes else []),
-        "```",
-        report.name_values(),
-        "```",
-        "",
-        *([f"![lateness distribution and drain rates]({chart.name})", ""] if chart else []),
-        END,
-    ]
-    text = (
-        path.read_text() if path.exists() else f"# Benchmark results\n\n{START}\n{END}\n\n## Commentary\n\n(none yet)\n"
-    )
-    head, rest = text.split(START, 1)
-    tail = rest.split(END, 1)[1]
-    path.write_text(head + "\n".join(generated) + tail)
-    return path
 
 
 def _interrupted(signum: int, frame: Any) -> None:
@@ -545,6 +473,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--only", default=",".join(MEASURES), help=f"comma-separated subset of {','.join(MEASURES)}")
     parser.add_argument("--no-results", action="store_true", help="do not write RESULTS.md and results.png")
     parser.add_argument("--redis-server", help="the redis-server binary to measure on (default: the one on the PATH)")
+    parser.add_argument("--repeat", type=int, default=1, help="run the chosen measures N times: median, min, max")
+    parser.add_argument("--commandstats", action="store_true", help="e2e: print INFO commandstats per side and phase")
     for field in fields(Sizes):
         parser.add_argument(f"--{field.name.replace('_', '-')}", type=type(getattr(SCALES["default"], field.name)))
     options = parser.parse_args(argv)
@@ -561,26 +491,37 @@ def main(argv: list[str] | None = None) -> None:
     signal.signal(signal.SIGTERM, _interrupted)
     report = Report()
     began = time.monotonic()
-    print(f"delay_broker benchmarks, scale {options.scale}: {json.dumps(sizes.__dict__)}", flush=True)
+    load = load_average()
+    print(f"delay_broker benchmarks, scale {options.scale}: {json.dumps(sizes.__dict__)}; load {load}", flush=True)
     needs = {"need_rabbit": "publish" in only, "need_sqs": "publish" in only, "need_postgres": "tier" in only}
     with servers(**needs, redis_server=options.redis_server) as env:
         print(f"servers ready after {time.monotonic() - began:.0f} s", flush=True)
-        for name in MEASURES:
-            if name in only:
-                RUNNERS[name](report, sizes, env)
+        for run in range(options.repeat):
+            if options.repeat > 1:
+                print(f"-- run {run + 1} of {options.repeat}", flush=True)
+            for name in MEASURES:
+                if name in only:
+                    report.section = E2E if name == "e2e" else MAIN
+                    RUNNERS[name](report, sizes, env)
     elapsed = time.monotonic() - began
-    print(f"\ndelay_broker side by side, scale {options.scale}, {elapsed / 60:.1f} min\n")
+    print(f"\ndelay_broker side by side, scale {options.scale}, {elapsed / 60:.1f} min, load {load_average()}\n")
+    if options.commandstats:
+        print("\n\n".join(report.details), end="\n\n")
     print(report.table())
-    for note in report.notes:
+    for note in report.notes_of():
         print(f"note: {note}")
     print()
     print(report.name_values())
     if not options.no_results:
-        from .chart import draw
+        run_info = RunInfo(command.strip(), options.scale, elapsed, options.repeat, load, options.redis_server)
+        chart = None
+        if MAIN in report.sections():
+            from .chart import draw
 
-        chart = draw(report.lateness, report.rates, HERE / "results.png")
-        path = write_results(report, command.strip(), options.scale, elapsed, chart, options.redis_server)
-        print(f"\nwrote {path} and {chart}")
+            latest = {series.label: series for series in report.lateness}  # a repeated run: its last samples
+            chart = draw(list(latest.values()), report.rates, HERE / "results.png")
+        path = write_results(report, run_info, chart)
+        print(f"\nwrote {path}" + (f" and {chart}" if chart else ""))
 
 
 if __name__ == "__main__":

@@ -179,7 +179,7 @@ class ClaimDelivery:
                 done.delivered.append(message.id)
                 done.by_task[message.envelope.route, message.envelope.name or ""] += 1
                 elapsed_ms = int((time.monotonic() - started) * 1000)
-                done.lateness.append(claim.now_ms + elapsed_ms - message.due_ms)
+                done.lateness.append(claim.now_ms + claim.ahead_ms + elapsed_ms - message.due_ms)
             finally:
                 renewal.done()
         return done

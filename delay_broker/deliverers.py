@@ -8,6 +8,7 @@ import redis
 
 from .connect import AnyRedis, is_cluster
 from .errors import DeliveryRefused, TargetUnavailable
+from .redis_errors import slot_moving
 from .store import ClaimedMessage
 from .targets import ListTarget
 
@@ -65,10 +66,11 @@ class ListDeliverer:
                 self.client.lpush(target.list_key, envelope.payload)
         except (redis.ConnectionError, redis.TimeoutError) as error:
             raise TargetUnavailable(str(error)) from error
-        except redis.ResponseError as error:
-            # A target key of the wrong type, a missing permission, a full or read-only server: the target is
-            # unusable for every message, not this one. Give the batch back and back off (no attempt counted)
-            # rather than retry each message into the dead letters.
-            if str(error).startswith("WRONGTYPE") or isinstance(error, _TARGET_REFUSALS):
+        except (redis.ResponseError, redis.exceptions.ClusterError, AttributeError) as error:
+            # A target key of the wrong type, a missing permission, a full or read-only server, a slot moving
+            # between Cluster nodes: the target is unusable for every message, not this one, for now. Give the
+            # batch back and back off (no attempt counted) rather than retry each message into the dead letters.
+            moving = is_cluster(self.client) and slot_moving(error)
+            if moving or str(error).startswith("WRONGTYPE") or isinstance(error, _TARGET_REFUSALS):
                 raise TargetUnavailable(f"{target.list_key}: {type(error).__name__}: {error}") from error
             raise

@@ -72,6 +72,14 @@ class WrongNode(StoreRefused):
     code = "CLUSTER"
 
 
+class SlotMigrating(WrongNode):
+    """A Redis Cluster slot of the store stayed in migration (``TRYAGAIN``, ``ASK``: a reshard or rebalance moving
+    it between masters) for longer than the call waits for it. Redis refused the call before it ran: nothing was
+    written, and doing it again is safe."""
+
+    code = "TRYAGAIN"
+
+
 class StoreDamaged(StoreRefused):
     """The store's own bookkeeping in Redis is damaged (``DAMAGED``: only a hand-made change makes it so, such as a
     pack's count that is not a number): nothing was changed. ``delay-broker check`` shows the damage and

@@ -150,6 +150,14 @@ class Keyspace:
         return [*self.script_keys, self.layout]
 
     @cached_property
+    def guard(self) -> str:
+        """Never written: on a Redis Cluster every script is also given this key, so that none runs while its slot
+        migrates. Redis refuses a call of several keys with one missing on the node that has the slot (TRYAGAIN,
+        or ASK and then TRYAGAIN on the node it goes to) before running it; a script let in there because all its
+        keys were present would fail at its first touch of a key it deleted itself, after its writes before."""
+        return self.key("slot-guard")
+
+    @cached_property
     def layout(self) -> str:
         """STRING: the number of shards of the namespace (shard 0 only; absent means one)."""
         return self.key("shards")

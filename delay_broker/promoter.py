@@ -21,11 +21,11 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 from . import tracing
 from .backoff import Backoff
 from .claim_delivery import ClaimDelivery, Deliverer
-from .errors import ConfigurationError, DelayBrokerError, StoreError
+from .errors import ConfigurationError, DelayBrokerError, SlotMigrating, StoreError
 from .faults import Faults
 from .reports import BasicListener, PromoterCounters, PromoterListener, as_listener
 from .stop_flag import StopFlag
-from .store import MAX_BATCH, DelayStore, new_promoter_id
+from .store import MAX_BATCH, DelayStore, ahead_to_ms, new_promoter_id
 from .sweep_thread import FAR_BATCHES_PER_SWEEP, ORPHAN_CHECK_INTERVAL, SweepThread
 from .targets import ListTarget
 
@@ -88,6 +88,9 @@ class Promoter:
       keep_lateness: keep every lateness figure in :attr:`counters` (for demos and benchmarks).
       cron: recurring schedules whose next occurrences this promoter keeps parked (any number of promoters
         may share the same schedules; each occurrence still runs once).
+      ahead: seconds (0 to 60) before its due time a message is promoted, for consumers that hold a message until
+        its own due time anyway (a Celery task keeps its ``eta``): the worker receives it meanwhile and runs it
+        when due, instead of starting to receive a whole batch then. 0 (the default): when due.
     """
 
     def __init__(
@@ -102,13 +105,16 @@ class Promoter:
         keep_lateness: bool = False,
         name: str | None = None,
         cron: CronScheduler | None = None,
+        ahead: float = 0.0,
     ) -> None:
         if not isinstance(deliverer, DirectDeliverer | Deliverer):
             raise TypeError("deliverer must have a deliver(message) or a direct_routes() method")
         if not 1 <= batch <= MAX_BATCH or lease <= 0 or max_idle <= 0:
             raise ValueError(f"batch must be 1..{MAX_BATCH}, lease and max_idle positive")
+        ahead_to_ms(ahead)  # refused here, not in the loop
         self.store = store
         self.deliverer = deliverer
+        self.ahead = ahead
         self.batch = batch
         self.lease = lease
         self._eviction_checked = False
@@ -319,8 +325,10 @@ class Promoter:
             self._look_at = [0.0] * shards
             self._packs_at = [0.0] * shards
         any_full, looked, failed = self._look_at_shards(started)
-        if failed and len(failed) == looked:
+        if failed and len(failed) == looked and not all(isinstance(error, SlotMigrating) for _, error in failed):
             raise failed[0][1]  # nothing could be promoted: an outage, backed off as one
+        # A shard whose slot is migrating waits by its own backoff even when it was the only one looked at: the
+        # loop's backoff would hold up the other shards, which come due meanwhile.
         for shard, refusal in failed:
             # One shard failed while others were promoted: it alone is looked at again, after its own backoff.
             self._look_at[shard] = started + self._faults.shard_failed(shard, refusal)
@@ -422,7 +430,9 @@ class Promoter:
             # Each message's lateness only for whom uses it: reading it costs a score per message in the script.
             wanted = self.counters.keep_lateness or self._listener is not None
             routes = self.deliverer.direct_routes()
-            result = self.store.promote_direct(routes, self.batch, self.id, shard=shard, lateness=wanted)
+            result = self.store.promote_direct(
+                routes, self.batch, self.id, shard=shard, lateness=wanted, ahead=self.ahead
+            )
             if result.traced:
                 tracing.record_promotions(result.traced, started_ns, time.time_ns())
             self._promoted(result.promoted, result.lateness_ms, result.dead_lettered, result.by_task)
@@ -436,7 +446,7 @@ class Promoter:
                 )
             full = result.promoted + result.dead_lettered >= self.batch
             return full, _seconds_until(result.next_due_ms, result.now_ms, self.max_idle)
-        claim = self.store.claim(self.batch, self.lease, self.id, shard=shard)
+        claim = self.store.claim(self.batch, self.lease, self.id, shard=shard, ahead=self.ahead)
         done = ClaimDelivery(
             claim,
             self.deliverer,

@@ -57,6 +57,8 @@ class Claim:
     dead_lettered: list[tuple[str, str]] = field(default_factory=list)
     """``(id, reason)`` of the messages the claim itself dead-lettered: a lease that ran out ``max_attempts``
     times, a missing envelope, a spoiled lease record, an id that is not UTF-8."""
+    ahead_ms: int = 0
+    """How long before their due time the messages were claimed (the promoter's ``ahead``)."""
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ from .errors import (
     DelayBrokerError,
     InvalidDelay,
     NotEnoughReplicas,
+    SlotMigrating,
     StoreDamaged,
     StoreFull,
     StoreLoading,
@@ -45,10 +46,14 @@ _EXPLANATIONS: dict[str, tuple[type[StoreRefused], str]] = {
         "the key's slot lives on another Redis Cluster node (a URL naming one node of a cluster needs "
         "redis+cluster://; with a cluster client, the slot has just moved)",
     ),
-    "ASK": (WrongNode, "the key's slot is migrating between Redis Cluster nodes"),
+    "ASK": (SlotMigrating, "the key's slot is migrating between Redis Cluster nodes (a reshard or rebalance)"),
     "CROSSSLOT": (WrongNode, "keys of one operation are in different Redis Cluster slots"),
     "CLUSTERDOWN": (WrongNode, "the Redis Cluster is down or does not serve this slot"),
-    "TRYAGAIN": (WrongNode, "the Redis Cluster is resharding this slot: try again"),
+    "TRYAGAIN": (
+        SlotMigrating,
+        "the keys' slot is migrating between Redis Cluster nodes (a reshard or rebalance) and they are not all on "
+        "one node yet: nothing was done",
+    ),
 }
 _CLUSTER_REPLIES: tuple[tuple[type[redis.RedisError], str], ...] = (
     # redis-py strips the code from these replies' text (a MovedError reads "3652 127.0.0.1:7001").
@@ -62,6 +67,38 @@ _CLUSTER_REPLIES: tuple[tuple[type[redis.RedisError], str], ...] = (
 # 6.2's "Error running script (...): @user_script:49: @user_script: 49: -". Nowhere else: the rest of a message
 # can hold user data (a schedule named "nightly-LOADING").
 _CODE = re.compile(r"(?:^|@user_script: ?\d+: -)(" + "|".join(_EXPLANATIONS) + r")\b")
+
+
+def slot_moving(error: BaseException) -> bool:
+    """Whether a Redis Cluster refused a call before running it because its slot is migrating or has just moved:
+    ``TRYAGAIN``, ``ASK``, a ``MOVED`` redis-py did not follow (a node's own client), redis-py's "TTL exhausted"
+    once it has followed as many of those as it does, or its failure to follow an ``ASK`` to a new master (see
+    :func:`ask_to_unknown_node`). Doing the call again is safe."""
+    return (
+        isinstance(error, (redis.exceptions.TryAgainError, redis.exceptions.AskError))
+        or _exhausted(error)
+        or ask_to_unknown_node(error)
+    )
+
+
+def ask_to_unknown_node(error: BaseException) -> bool:
+    """Whether ``error`` is redis-py's ``AttributeError`` on an ``ASK`` to a node missing from its slot map
+    (redis/redis-py#4015): a master just added owns no slot, so ``CLUSTER SLOTS`` does not list it, until the
+    first slot has moved to it; redis-py looks the node up, finds none and fails before sending anything."""
+    if not isinstance(error, AttributeError) or "redis_connection" not in str(error):
+        return False
+    trace = error.__traceback__
+    while trace is not None and trace.tb_next is not None:
+        trace = trace.tb_next
+    if trace is None:
+        return False
+    frame = trace.tb_frame  # where it was raised: redis-py's, and the look-up of the node's connection
+    return frame.f_code.co_name == "get_redis_connection" and frame.f_globals.get("__name__") == "redis.cluster"
+
+
+def _exhausted(error: BaseException) -> bool:
+    # redis-py raises it only when every try of the call was redirected or told to try again.
+    return isinstance(error, redis.exceptions.ClusterError) and str(error).startswith("TTL exhausted")
 
 
 _NO_LONGER_MASTER = re.compile(r"^(?:ERR )?(?:WAIT cannot be used with replica instances|UNBLOCKED\b)")
@@ -100,6 +137,11 @@ def translate(error: redis.RedisError | RedisClusterException, doing: str) -> De
         match = _CODE.search(text)
         if match:
             return _refused(match.group(1), doing, text)
+    if _exhausted(error):
+        return SlotMigrating(
+            f"Redis Cluster refused {doing}: redirected or told to try again at every try, the slot is moving between "
+            f"nodes (a reshard or rebalance): nothing was done ({text})"
+        )
     if isinstance(error, redis.exceptions.ClusterError):
         return StoreUnavailable(f"Redis Cluster unavailable during {doing}: {text}")
     # A key of the wrong type, a missing permission: as Redis said it, with the key names it gave.
@@ -158,4 +200,4 @@ def _detail(text: str, code: str) -> str:
     return detail.split(" script:", 1)[0].strip() or text
 
 
-__all__ = ["no_longer_master", "translate"]
+__all__ = ["ask_to_unknown_node", "no_longer_master", "slot_moving", "translate"]

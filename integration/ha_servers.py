@@ -377,28 +377,16 @@ class RedisClusterServers:
         return ServerProcess(f"cluster node {index}", port, directory, arguments, log)
 
     def _create(self, timeout: float) -> None:
-        command = [
-            _executable("redis-cli"), "--cluster", "create",
-            *(f"{HOST}:{port}" for port in self.ports),
-            "--cluster-replicas", str(self.replicas), "--cluster-yes",
-        ]  # fmt: skip
-        log = self.directory / "cluster-create.log"
-        try:
-            result = subprocess.run(
-                command,
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                timeout=timeout,
-                start_new_session=True,
-                check=False,
-            )
-        except subprocess.TimeoutExpired as error:
-            raise RuntimeError(f"redis-cli --cluster create did not finish within {timeout:.0f} s") from error
-        log.write_bytes(result.stdout)
-        if result.returncode != 0:
-            output = result.stdout.decode(errors="replace")[-3000:]
-            raise RuntimeError(f"redis-cli --cluster create failed ({result.returncode}):\n{output}")
+        addresses = [f"{HOST}:{port}" for port in self.ports]
+        arguments = ["create", *addresses, "--cluster-replicas", str(self.replicas), "--cluster-yes"]
+        redis_cli_cluster(arguments, timeout, self.directory / "cluster-create.log")
+
+    def start_node(self) -> int:
+        """Start one more cluster-enabled node, not yet part of the cluster (see integration/cluster_moves.py); its
+        index."""
+        index = len(self.nodes)
+        self.nodes.append(_start_with_fresh_ports(lambda: self._node(index)))
+        return index
 
     def _converged(self) -> bool:
         for node in self.nodes:
@@ -466,6 +454,30 @@ class RedisClusterServers:
         self, kind: type[BaseException] | None, value: BaseException | None, traceback: TracebackType | None
     ) -> None:
         self.close()
+
+
+def redis_cli_cluster(arguments: list[str], timeout: float, log: Path) -> str:
+    """``redis-cli --cluster <arguments>``, its output kept in ``log`` (appended) and returned; RuntimeError with the
+    output's end when it fails or outlasts ``timeout``."""
+    command = [_executable("redis-cli"), "--cluster", *arguments]
+    try:
+        result = subprocess.run(
+            command,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            timeout=timeout,
+            start_new_session=True,
+            check=False,
+        )
+    except subprocess.TimeoutExpired as error:
+        raise RuntimeError(f"redis-cli --cluster {arguments[0]} did not finish within {timeout:.0f} s") from error
+    with open(log, "ab") as file:
+        file.write(result.stdout)
+    output = result.stdout.decode(errors="replace")
+    if result.returncode != 0:
+        raise RuntimeError(f"redis-cli --cluster {arguments[0]} failed ({result.returncode}):\n{output[-3000:]}")
+    return output
 
 
 def _info_text(raw: Any) -> dict[str, str]:

@@ -143,6 +143,20 @@ class RabbitNode:
         except Exception:
             return False
 
+    def queue_counts(self) -> dict[str, tuple[int, int]]:
+        """Each queue's messages ready and delivered but unacknowledged (held by consumers), from rabbitmqctl."""
+        command = [str(RABBIT_BIN / "rabbitmqctl"), "-n", self.nodename, "-q", "list_queues", "name", "messages_ready"]
+        output = subprocess.run(
+            [*command, "messages_unacknowledged"], env=self.env, capture_output=True, text=True, timeout=120, check=True
+        ).stdout
+        counts = {}
+        for line in output.splitlines():
+            name, _, numbers = line.partition("\t")
+            ready, _, unacked = numbers.partition("\t")
+            if ready.isdigit() and unacked.isdigit():
+                counts[name] = (int(ready), int(unacked))
+        return counts
+
     def stop(self, timeout: float = 60.0) -> None:
         """Stop the node gracefully; its data directory and port are kept for :meth:`start`."""
         if self.process is None:

@@ -185,3 +185,63 @@ def test_celery_workers_with_reliable_fetch(request: pytest.FixtureRequest) -> N
 def _calls(client: redis.Redis, command: str) -> int:
     stats: dict[str, Any] = client.info("commandstats")
     return int(stats.get(f"cmdstat_{command}", {}).get("calls", 0))
+
+
+def _kombu_message(tag: str | None, exchange: str, routing_key: str, **properties: Any) -> str:
+    """A message as kombu's virtual channel stores it (properties last, delivery_tag last in them)."""
+    props: dict[str, Any] = {"correlation_id": "c", "reply_to": "r", "delivery_mode": 2}
+    props["delivery_info"] = {"exchange": exchange, "routing_key": routing_key}
+    props.update(priority=0, body_encoding="base64", **properties)
+    if tag is not None:
+        props["delivery_tag"] = tag
+    return json.dumps({"body": "Ym9keQ==", "content-encoding": "utf-8", "headers": {"id": "x"}, "properties": props})
+
+
+@pytest.mark.parametrize(
+    ("message", "record"),
+    [
+        pytest.param(_kombu_message("t-1", "", "q"), ("t-1", "", "q"), id="kombu's layout"),
+        pytest.param(_kombu_message("t-2", 'ex"ch', "r\\k"), ("t-2", 'ex"ch', "r\\k"), id="escaped strings"),
+        pytest.param(_kombu_message("t-3", "é", "q"), ("t-3", "é", "q"), id="non-ASCII"),
+        pytest.param(_kombu_message("t-4", "e", "q", extra="after"), ("t-4", "e", "q"), id="tag not last"),
+        pytest.param(
+            json.dumps({"properties": {"delivery_tag": "t-5", "delivery_info": {"routing_key": "k", "exchange": "e"}}}),
+            ("t-5", "e", "k"),
+            id="another order",
+        ),
+        pytest.param(
+            json.dumps(
+                {
+                    "headers": {"delivery_info": {"exchange": "no", "routing_key": "no"}, "delivery_tag": "no"},
+                    "properties": {"delivery_info": {"exchange": "e", "routing_key": "k"}, "delivery_tag": "t-6"},
+                }
+            ),
+            ("t-6", "e", "k"),
+            id="look-alike keys in the headers",
+        ),
+        pytest.param(_kombu_message(None, "e", "q"), None, id="no tag: not recorded"),
+        pytest.param("not json", None, id="not JSON: not recorded"),
+    ],
+)
+def test_fetch_records_what_the_message_says(redis_server: EmbeddedRedis, message: str, record: Any) -> None:
+    """fetch.lua reads the tag and routing of kombu's own layout without decoding the JSON, and decodes anything
+    else: either way the unacked record is kombu's ``[message, exchange, routing_key]`` under the message's tag."""
+    from delay_broker.celery.fetch import FETCH_SOURCE
+
+    unique = uuid.uuid4().hex[:10]
+    index, records, queue = f"fetch-{unique}:unacked_index", f"fetch-{unique}:unacked", f"fetch-{unique}:q"
+    client = redis.Redis.from_url(redis_server.url)
+    client.lpush(queue, message)
+    try:
+        taken = client.eval(FETCH_SOURCE, 3, index, records, queue, "1700000000.5", 4, "1")
+        assert taken == [queue.encode(), message.encode(), 0 if record is None else 1]
+        stored = client.hgetall(records)
+        if record is None:
+            assert stored == {} and client.zcard(index) == 0
+            return
+        tag, exchange, routing_key = record
+        assert list(stored) == [tag.encode()]
+        assert json.loads(stored[tag.encode()]) == [json.loads(message), exchange, routing_key]
+        assert client.zscore(index, tag) == 1700000000.5
+    finally:
+        client.delete(index, records, queue)

@@ -31,7 +31,7 @@ STORE_ORDER: list[set[str]] = [
     {"options", "replies"},
     {"encoding"},
     {"shards"},
-    {"replication"},
+    {"replication", "migration"},
     {"runner"},
     {"far_view"},
     {"parking", "packs", "registry", "dead_letters", "promotion", "stats"},

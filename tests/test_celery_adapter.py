@@ -88,6 +88,8 @@ def store_of(app: Celery, server: EmbeddedRedis) -> DelayStore:
         ({"max_payload_bytes": 0}, "'max_payload_bytes' must be an integer"),
         ({"pack_after": 5}, "'pack_after' must be finite and >= 10"),
         ({"pack_after": "300"}, "'pack_after' must be a number"),
+        ({"promote_ahead": -1}, "'promote_ahead' must be finite and >= 0"),
+        ({"promote_ahead": 61}, "'promote_ahead' must be at most 60 s"),
         ("threshold=5", "must be a dict"),
     ],
 )
@@ -116,6 +118,34 @@ def test_default_thresholds_per_transport() -> None:
     assert parse_options({"max_payload_bytes": 4_000_000}).store_options()["max_payload_bytes"] == 4_000_000
     assert parse_options({}).store_options()["pack_after"] == 300
     assert parse_options({"pack_after": None}).store_options()["pack_after"] is None
+
+
+def test_the_promoter_sends_tasks_ahead_and_workers_never_park_what_it_sent(
+    app: Celery, redis_server: EmbeddedRedis
+) -> None:
+    """A worker's promoter sends each task ``promote_ahead`` before its eta (the worker holds it until then); the
+    step that parks what workers receive leaves alone a task due within that plus RECEIPT_SLACK, whatever the
+    threshold (1 s here): one promoted ahead is never parked again."""
+    from delay_broker.celery.config import RECEIPT_SLACK
+    from delay_broker.celery.messages import TaskInfo
+    from delay_broker.celery.parking import Parker
+
+    promoter = build_promoter(app)
+    assert promoter.ahead == 1.0
+    assert build_promoter(app, promote_ahead=0).ahead == 0
+    parker = Parker(store_of(app, redis_server), threshold=1.0)
+    soon = TaskInfo("t", "task", datetime.now(timezone.utc) + timedelta(seconds=3), None)
+    later = dataclasses.replace(soon, eta=datetime.now(timezone.utc) + timedelta(seconds=RECEIPT_SLACK + 3))
+    assert parker.due_if_parked(soon) == soon.eta, "a producer parks it: 3 s is past the threshold"
+    assert parker.due_if_parked(soon, at_least=1.0 + RECEIPT_SLACK) is None, "a worker receiving it holds it"
+    assert parker.due_if_parked(later, at_least=1.0 + RECEIPT_SLACK) == later.eta
+
+
+def test_install_adds_the_promoter_and_the_step_that_parks_what_workers_receive(app: Celery) -> None:
+    from delay_broker.celery.bootstep import PromoterStep
+    from delay_broker.celery.received import ParkOnReceipt
+
+    assert PromoterStep in app.steps["worker"] and ParkOnReceipt in app.steps["consumer"]
 
 
 def test_install_fails_at_once_on_bad_configuration(redis_server: EmbeddedRedis) -> None:

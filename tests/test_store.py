@@ -670,3 +670,30 @@ def test_withdraw_takes_back_its_own_copy_but_never_stops_a_retry_of_a_run_in_fl
     # A retry reuses its message's id while the run it retries may still be in flight: that is not its copy.
     assert store.withdraw("run", b"run 2, the retry") is True
     assert store.get("run").state == "inflight"
+
+
+def test_promotion_ahead_takes_what_is_due_that_much_later_and_counts_lateness_from_then(client, namespace):
+    """``ahead``: a message counts as due that long before its due time (for consumers that hold a message until
+    its own due time), on both promotion paths; the next look is then, and lateness is measured against it."""
+    store = DelayStore(client, namespace=namespace)
+    store.park("soon", Envelope(route="ready", payload=b"x"), delay=0.8)
+    store.park("later", Envelope(route="ready", payload=b"x"), delay=30)
+    targets = {"ready": ListTarget(f"{namespace}:ready")}
+
+    assert store.promote_direct(targets, 100, "p").promoted == 0, "not due yet"
+    result = store.promote_direct(targets, 100, "p", ahead=2.0)
+    assert (result.promoted, client.llen(f"{namespace}:ready")) == (1, 1)
+    assert -200 <= result.lateness_ms[0] <= 1300, "promoted 2 s ahead of 0.8 s: up to 1.2 s early, counted late"
+    assert result.next_due_ms is not None
+    assert 26_000 <= result.next_due_ms - result.now_ms <= 28_000, "the next look: 30 s less 2 s ahead"
+
+    store.park("claimed", Envelope(route="ready", payload=b"x"), delay=0.8)
+    assert store.claim(100, 30, "p").messages == []
+    claim = store.claim(100, 30, "p", ahead=2.0)
+    assert [message.id for message in claim.messages] == ["claimed"]
+    assert claim.ahead_ms == 2000
+    assert claim.next_wake_ms is not None and claim.next_wake_ms <= claim.lease_deadline_ms, "lease expiry in time"
+
+    for bad in (-0.1, 61.0):
+        with pytest.raises(ValueError, match="ahead must be between 0 and 60"):
+            store.promote_direct(targets, 100, "p", ahead=bad)

@@ -72,15 +72,15 @@ MEMBERS = {
     "promotion_lateness": "(self) -> 'list[tuple[str, int]]'",
     "iter_all": "(self, state: 'ListState' = 'due', page: 'int' = 500) -> 'Iterator[MessageInfo]'",
     "stats": "(self, heartbeat_window: 'float' = 30.0) -> 'StoreStats'",
-    "claim": "(self, batch: 'int', lease: 'float', promoter_id: 'str', *, shard: 'int' = 0) -> 'Claim'",
+    "claim": "(self, batch: 'int', lease: 'float', promoter_id: 'str', *, shard: 'int' = 0, ahead: 'float' = 0.0) -> 'Claim'",
     "ack": "(self, lease_deadline_ms: 'int', ids: 'Sequence[str]', *, shard: 'int' = 0) -> 'int'",
     "renew": "(self, lease_deadline_ms: 'int', ids: 'Sequence[str]', lease: 'float', *, shard: 'int' = 0) -> 'tuple[int, int]'",
     "nack": "(self, lease_deadline_ms: 'int', failures: 'Sequence[tuple[str, str, NackAction]]', *, shard: 'int' = 0) -> 'list[str]'",
     "check_direct": "(self, routes: 'Mapping[str, ListTarget]') -> 'None'",
     "pack_lead_ms": "property",
     "open_packs": "(self, shard: 'int', *, calls: 'int' = 8) -> 'int | None'",
-    # lateness: a keyword added after the redesign (its default keeps what every caller had).
-    "promote_direct": "(self, routes: 'Mapping[str, ListTarget]', batch: 'int', promoter_id: 'str', *, shard: 'int' = 0, lateness: 'bool' = True) -> 'DirectPromotion'",
+    # lateness and ahead (here and in claim): keywords added after the redesign (their defaults keep what every caller had).
+    "promote_direct": "(self, routes: 'Mapping[str, ListTarget]', batch: 'int', promoter_id: 'str', *, shard: 'int' = 0, lateness: 'bool' = True, ahead: 'float' = 0.0) -> 'DirectPromotion'",
     "wait_for_wake": "(self, timeout: 'float', promoter_id: 'str') -> 'frozenset[int] | None'",
     "wake": "(self, promoter_id: 'str') -> 'None'",
     "eviction_policies": "(self) -> 'dict[str, str]'",

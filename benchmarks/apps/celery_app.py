@@ -10,6 +10,8 @@ Environment:
   BENCH_PROMOTER    list the promoter's lateness figures (JSON) are RPUSHed to when the worker stops
   BENCH_LTS_URL     celery-longterm-scheduler's storage (redis://.../1)
   BENCH_RELIABLE_FETCH  "0": mode "ours" with kombu's own fetch (``reliable_fetch=False``); default "1"
+  BENCH_STOCK_PROMOTER  "1": mode "ours" with the stock PromoterStep (no lateness figures kept; the e2e measure)
+  BENCH_E2E_*       the e2e measure's recorder and its ``bench.e2e_probe`` task (see benchmarks/apps/recorder.py)
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ import redis
 from celery import Celery, bootsteps
 
 import delay_broker.celery
+from benchmarks.apps.recorder import from_env
 from delay_broker.promoter import Promoter
 
 
@@ -50,7 +53,8 @@ class ProbePromoterStep(bootsteps.StartStopStep):  # type: ignore[misc]
             client.rpush(os.environ["BENCH_PROMOTER"], json.dumps(promoter.counters.lateness_ms))
 
 
-def make_app(env: Mapping[str, str]) -> Celery:
+def make_app(env: Mapping[str, str], worker: bool = False) -> Celery:
+    """The app; ``worker``: the process the ``celery worker`` command runs (the e2e recorder is started there)."""
     mode = env["BENCH_MODE"]
     task_cls: Any = "celery.app.task:Task"
     if mode == "lts":
@@ -66,10 +70,12 @@ def make_app(env: Mapping[str, str]) -> Celery:
         # Threshold 0: every task with an eta in the future is parked. The stock PromoterStep is turned off
         # (promoter=False) and ProbePromoterStep runs the same promoter, keeping its figures.
         reliable = env.get("BENCH_RELIABLE_FETCH", "1") == "1"
+        stock = env.get("BENCH_STOCK_PROMOTER") == "1"
         delay_broker.celery.install(
-            app, threshold=0, namespace=env["BENCH_NS"], promoter=False, reliable_fetch=reliable
+            app, threshold=0, namespace=env["BENCH_NS"], promoter=stock, reliable_fetch=reliable
         )
-        app.steps["worker"].add(ProbePromoterStep)
+        if not stock:
+            app.steps["worker"].add(ProbePromoterStep)
     elif mode == "lts":
         app.conf.longterm_scheduler_backend = env["BENCH_LTS_URL"]
     records = redis.Redis.from_url(env["BENCH_REDIS_URL"])
@@ -80,7 +86,14 @@ def make_app(env: Mapping[str, str]) -> Celery:
         started = time.time() * 1000.0
         records.rpush(key, f"{due_ms},{started}")
 
+    recorder = from_env(env) if worker else None
+
+    @app.task(name="bench.e2e_probe", shared=False)
+    def e2e_probe(n: int, due_ms: float) -> None:
+        if recorder is not None:
+            recorder.record(n, due_ms)
+
     return app
 
 
-app = make_app(os.environ) if "BENCH_MODE" in os.environ else None
+app = make_app(os.environ, worker=True) if "BENCH_MODE" in os.environ else None

@@ -5,9 +5,12 @@ Environment:
   BENCH_NS          RedisBroker namespace (and delay store namespace)
   BENCH_MODE        "ours": DelayMiddleware (threshold 0, promoter thread in the worker, keeping lateness);
                     "native": plain RedisBroker, delays held by the worker as Dramatiq does
+  BENCH_STOCK_PROMOTER  "1": mode "ours" with the middleware's own promoter thread (``promote_in_workers``),
+                    which keeps no lateness figures (the e2e measure)
   BENCH_QUEUE       queue of the probe actor
   BENCH_RECORDS     list the probe RPUSHes "due_ms,started_ms" to
   BENCH_PROMOTER    list the promoter's lateness figures (JSON) are RPUSHed to when the worker stops
+  BENCH_E2E_*       the e2e measure's recorder and its ``e2e_probe`` actor (see benchmarks/apps/recorder.py)
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ import dramatiq
 import redis
 from dramatiq.brokers.redis import RedisBroker
 
+from benchmarks.apps.recorder import Recorder, from_env
 from delay_broker.dramatiq import DelayMiddleware, build_promoter
 from delay_broker.promoter import Promoter
 
@@ -46,7 +50,9 @@ class PromoterProbe(dramatiq.Middleware):
 
 def make_broker(env: Any = ENV) -> RedisBroker:
     broker = RedisBroker(url=env["BENCH_REDIS_URL"], namespace=env["BENCH_NS"])
-    if env.get("BENCH_MODE") == "ours":
+    if env.get("BENCH_MODE") == "ours" and env.get("BENCH_STOCK_PROMOTER") == "1":
+        broker.add_middleware(DelayMiddleware(threshold=0, namespace=env["BENCH_NS"], promote_in_workers=True))
+    elif env.get("BENCH_MODE") == "ours":
         broker.add_middleware(DelayMiddleware(threshold=0, namespace=env["BENCH_NS"], promote_in_workers=False))
         broker.add_middleware(PromoterProbe(env["BENCH_REDIS_URL"], env.get("BENCH_PROMOTER", "bench:promoter")))
     return broker
@@ -64,6 +70,17 @@ def declare_probe(broker: dramatiq.Broker, queue: str) -> dramatiq.Actor[Any, An
     return dramatiq.actor(broker=broker, queue_name=queue, actor_name="probe", max_retries=0)(probe)
 
 
+def declare_e2e_probe(broker: dramatiq.Broker, queue: str, recorder: Recorder | None) -> dramatiq.Actor[Any, Any]:
+    """The e2e measure's actor: hands message ``n``'s start to the batching recorder (producers pass None)."""
+
+    def e2e_probe(n: int, due_ms: float) -> None:
+        if recorder is not None:
+            recorder.record(n, due_ms)
+
+    return dramatiq.actor(broker=broker, queue_name=queue, actor_name="e2e_probe", max_retries=0)(e2e_probe)
+
+
 if "BENCH_REDIS_URL" in ENV:
     broker = make_broker()
     declare_probe(broker, ENV.get("BENCH_QUEUE", "bench"))
+    declare_e2e_probe(broker, ENV.get("BENCH_QUEUE", "bench"), from_env(ENV))

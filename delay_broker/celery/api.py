@@ -20,6 +20,7 @@ from .bootstep import ControlStep, PromoterStep
 from .config import OPTIONS_KEY, TRANSPORTS, CeleryOptions, Kind, check_threshold, kind_of_scheme, parse_options
 from .messages import parse_celery_time, reschedule_parked
 from .once import OnceStep
+from .received import ParkOnReceipt
 from .stores import check_store
 
 
@@ -73,8 +74,9 @@ def install(app: Any, **options: Any) -> CeleryOptions:
 
     Sets ``broker_transport`` to our wrapper of the transport ``broker_url`` names, merges ``options``
     into ``broker_transport_options["delay_broker"]``, adds the worker's bootsteps (the promoter; the answers to
-    Celery's remote control, ``inspect scheduled`` and ``revoke``, for parked tasks), and validates the result
-    (raising ConfigurationError on any problem).
+    Celery's remote control, ``inspect scheduled`` and ``revoke``, for parked tasks) and the consumer step that
+    parks the long-delayed tasks the worker receives, and validates the result (raising ConfigurationError on any
+    problem).
     """
     transport_options = dict(app.conf.broker_transport_options or {})
     raw = dict(transport_options.get(OPTIONS_KEY) or {})
@@ -103,6 +105,7 @@ def install(app: Any, **options: Any) -> CeleryOptions:
     app.steps["worker"].add(PromoterStep)
     app.steps["worker"].add(ControlStep)
     app.steps["worker"].add(OnceStep)
+    app.steps["consumer"].add(ParkOnReceipt)
     return checked
 
 

@@ -84,6 +84,7 @@ def build_promoter(app: Any, *, listener: PromoterListener | None = None, **over
         batch=options.batch,
         lease=options.lease,
         max_idle=options.max_idle,
+        ahead=options.promote_ahead,
         listener=listener,
         # Always a scheduler: schedules stored at runtime reach workers that declare none in code.
         cron=CronScheduler(store, schedules.values(), builder=lambda call: occurrence_builder(app, call)),

@@ -20,7 +20,7 @@ from ..connect import check_url
 from ..errors import ConfigurationError
 from ..keys import MAX_SHARDS, Keyspace
 from ..once import default_window, window_too_short
-from ..store import DEFAULT_MAX_PAYLOAD, DEFAULT_PACK_AFTER_MS
+from ..store import DEFAULT_MAX_PAYLOAD, DEFAULT_PACK_AFTER_MS, MAX_AHEAD
 
 logger = logging.getLogger("delay_broker.celery")
 
@@ -45,6 +45,15 @@ timeout the broker hands it to another worker as well: the duplicates delay_brok
 RABBITMQ_CONSUMER_TIMEOUT = 1800.0
 """RabbitMQ's default ``consumer_timeout`` (30 min): a delivery left unacknowledged longer makes the broker
 close the channel and redeliver everything it held. Set on the server, so a client cannot read it."""
+
+DEFAULT_PROMOTE_AHEAD = 1.0
+"""Seconds before its eta a parked task goes to the broker. Workers hold a task until its eta, so it still runs
+then; in the meantime the worker has received it, and a batch due together runs at its eta instead of after the
+time it takes to fetch it (what native ETA tasks, fetched long before, never pay)."""
+
+RECEIPT_SLACK = 5.0
+"""Seconds past ``promote_ahead`` within which a worker does not park a task it receives: one promoted ahead must
+not be parked again, even by a worker whose clock is a few seconds behind the store's Redis."""
 
 TRANSPORT_MODULE = "delay_broker.celery.transport"
 TRANSPORTS: dict[str, str] = {
@@ -86,6 +95,7 @@ class CeleryOptions:
     max_payload_bytes: int = DEFAULT_MAX_PAYLOAD
     pack_after: float | None = DEFAULT_PACK_AFTER_MS / 1000
     inspect_limit: int = 1000
+    promote_ahead: float = DEFAULT_PROMOTE_AHEAD
     once: bool = False
     once_window: float | None = None
 
@@ -192,6 +202,13 @@ def _consumer_timeout(name: str, value: object) -> float | Literal[False] | None
     return seconds
 
 
+def _ahead(name: str, value: object) -> float:
+    seconds: float = _seconds(0.0, inclusive=True)(name, value)
+    if seconds > MAX_AHEAD:
+        raise ConfigurationError(f"delay_broker option {name!r} must be at most {MAX_AHEAD:g} s, got {value!r}")
+    return seconds
+
+
 def _queues(name: str, value: object) -> tuple[str, ...]:
     if isinstance(value, str) or not isinstance(value, list | tuple | set | frozenset):
         raise ConfigurationError(f"delay_broker option {name!r} must be a list of queue names, got {value!r}")
@@ -226,6 +243,7 @@ CHECKS: dict[str, Check] = {
     "max_payload_bytes": _int(1, 512 * 1024 * 1024),  # Redis's largest string
     "pack_after": _optional(_seconds(10.0, inclusive=True)),
     "inspect_limit": _int(0, 10_000),
+    "promote_ahead": _ahead,
     "once": _bool,
     "once_window": _optional(_seconds(0.0, inclusive=False)),
 }

@@ -13,8 +13,8 @@ at most :data:`FETCH_BATCH`) and records each, atomically; kombu reads the wait'
 Against kombu's fetch: two round trips per batch instead of two per task (kombu's own record write is skipped);
 every worker blocked on an idle queue wakes for a new task and one of them gets it; a task on another list than
 the one waited on (another queue, a priority) waits for the next wake, at most ``brpop_timeout`` (1 s). After a
-full fetch the next one does not wait (``LMOVE``, which returns at once): a backlog on those other lists drains
-batch after batch, not one batch per ``brpop_timeout``. Turned off by the ``reliable_fetch`` option.
+full fetch there is no wait: the next fetch itself is what the poller waits on, so a backlog (on any of the
+lists) drains batch after batch in one round trip each. Turned off by the ``reliable_fetch`` option.
 """
 
 from __future__ import annotations
@@ -80,6 +80,7 @@ class ReliableFetch:
         self._fetching_from: list[tuple[str, str]] = []
         self._more_waiting = False
         self._waiting_with = "BLMOVE"
+        self._sent_fetch: tuple[list[Any], int] = ([], 0)
         super().__init__(*args, **kwargs)
 
     @property
@@ -100,22 +101,23 @@ class ReliableFetch:
         queues = self._queue_cycle.consume(len(self.active_queues))
         if not queues:
             return None
-        # Keys as the server knows them: these commands bypass the client's global_keyprefix (see _fetch).
+        # Keys as the server knows them: these commands bypass the client's global_keyprefix (see _redis_execute).
         self._fetching_from = [
             ((self.global_keyprefix or "") + self._q_for_pri(queue, priority), queue)  # type: ignore[attr-defined]
             for priority in self.priority_steps
             for queue in queues
         ]
-        first = self._fetching_from[0][0]
         self._in_poll = self.client.connection
         self._brpop_sent_at = monotonic()  # kombu >= 5.7 checks the waiting connection's health with it
         if self._more_waiting:
-            # The last fetch was full: more may wait on lists other than the first, which a blocking wait on the
-            # first would leave there for brpop_timeout per batch (4 tasks a second). Fetch again at once.
-            self._waiting_with = "LMOVE"
-            self.client.connection.send_command("LMOVE", first, first, "LEFT", "LEFT")
+            # The last fetch was full: more may wait, on any of the lists. The fetch itself is the command the
+            # poller waits on: no wait command and its reply (a whole task) before it.
+            self._waiting_with = "EVALSHA"
+            self._sent_fetch = self._fetch_arguments()
+            self.client.connection.send_command("EVALSHA", FETCH_SHA, *self._sent_fetch[0])
             return None
         self._waiting_with = "BLMOVE"
+        first = self._fetching_from[0][0]
         wait = getattr(self, "brpop_timeout", 1) if timeout is None else timeout  # kombu < 5.7 has no option
         self.client.connection.send_command("BLMOVE", first, first, "LEFT", "LEFT", wait or 0)
         return None
@@ -125,8 +127,7 @@ class ReliableFetch:
             return super()._brpop_read(**options)  # type: ignore[misc, no-any-return]
         try:
             try:
-                self.client.parse_response(self.client.connection, self._waiting_with, **options)
-                fetched, limit = self._fetch()
+                fetched, limit = self._fetched(**options)
                 self._more_waiting = len(fetched) >= 3 * limit
             except self.connection_errors:
                 self.client.connection.disconnect()  # the next poll reconnects, as kombu's own read does
@@ -149,20 +150,32 @@ class ReliableFetch:
             if flush_reauth is not None:
                 flush_reauth()
 
-    def _fetch(self) -> tuple[list[Any], int]:
-        """Pop and record the next tasks of the lists being consumed, on the waiting connection (now idle).
-        Returns what ``fetch.lua`` returned and the most tasks it was to take."""
+    def _fetched(self, **options: Any) -> tuple[list[Any], int]:
+        """Reads the reply of what :meth:`_brpop_start` sent; returns the tasks ``fetch.lua`` took, as it
+        returned them, and the most it was to take."""
+        if self._waiting_with == "EVALSHA":
+            arguments, limit = self._sent_fetch
+            try:
+                return self.client.parse_response(self.client.connection, "EVALSHA", **options), limit
+            except redis.exceptions.NoScriptError:  # a restarted or failed-over server: nothing was taken
+                return _redis_execute(self.client, "EVAL", FETCH_SOURCE, *arguments), limit
+        # The wait returned: a task is there. The connection is idle again, the fetch goes on it.
+        self.client.parse_response(self.client.connection, self._waiting_with, **options)
+        arguments, limit = self._fetch_arguments()
+        try:
+            return _redis_execute(self.client, "EVALSHA", FETCH_SHA, *arguments), limit
+        except redis.exceptions.NoScriptError:
+            return _redis_execute(self.client, "EVAL", FETCH_SOURCE, *arguments), limit
+
+    def _fetch_arguments(self) -> tuple[list[Any], int]:
+        """``fetch.lua``'s arguments after the script (the key count, keys and ARGV) for the lists being consumed,
+        and the most tasks it is to take (the worker's room, at most :data:`FETCH_BATCH`)."""
         prefix = self.global_keyprefix or ""
         keys = [prefix + self.unacked_index_key, prefix + self.unacked_key, *(key for key, _ in self._fetching_from)]
         flags = ["0" if queue in self._no_ack_queues else "1" for _, queue in self._fetching_from]
         room = self.qos.can_consume_max_estimate()  # type: ignore[attr-defined]
         limit = FETCH_BATCH if room is None else max(1, min(int(room), FETCH_BATCH))
-        arguments = [len(keys), *keys, repr(time()), limit, *flags]
-        try:
-            result = _redis_execute(self.client, "EVALSHA", FETCH_SHA, *arguments)
-        except redis.exceptions.NoScriptError:
-            result = _redis_execute(self.client, "EVAL", FETCH_SOURCE, *arguments)
-        return result, limit
+        return [len(keys), *keys, repr(time()), limit, *flags], limit
 
 
 def _text(value: bytes | str) -> str:

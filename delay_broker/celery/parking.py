@@ -56,13 +56,14 @@ class Parker:
         store = shared_store(options, kind, conninfo)
         return cls(store, options.threshold_for(kind), revoke=options.revoke)
 
-    def due_if_parked(self, info: TaskInfo | None) -> datetime | None:
-        """The due time when this task should be parked, else None (no eta, or one close enough)."""
+    def due_if_parked(self, info: TaskInfo | None, *, at_least: float = 0.0) -> datetime | None:
+        """The due time when this task should be parked, else None (no eta, or one close enough: within the
+        threshold, or within ``at_least`` seconds when that is longer)."""
         if info is None or info.eta is None:
             return None
         if _captured.get() is not None:
             return info.eta
-        if info.eta.timestamp() - time.time() <= self.threshold:
+        if info.eta.timestamp() - time.time() <= max(self.threshold, at_least):
             return None
         return info.eta
 

@@ -179,11 +179,12 @@ def __getattr__(name: str) -> Any:
 # -- worker bootstep, enabled by configuration alone ---------------------------------------------------------------
 
 
-def _add_promoter_step(sender: Any = None, **kwargs: Any) -> None:
-    """Add the promoter and control bootsteps to a worker whose broker connection uses one of our transports.
+def _add_worker_steps(sender: Any = None, **kwargs: Any) -> None:
+    """Add the promoter and control bootsteps, and the consumer step that parks the long-delayed tasks the worker
+    receives, to a worker whose broker connection uses one of our transports.
 
     ``worker_init`` is sent after the worker created its first connection (which imported this module)
-    and before it builds its blueprint from ``app.steps['worker']``.
+    and before it builds its blueprints from ``app.steps``.
     """
     conninfo = getattr(sender, "_conninfo", None)
     if conninfo is None:
@@ -192,10 +193,12 @@ def _add_promoter_step(sender: Any = None, **kwargs: Any) -> None:
     if isinstance(transport, DelayBrokerTransport):
         from .bootstep import ControlStep, PromoterStep
         from .once import OnceStep
+        from .received import ParkOnReceipt
 
         sender.app.steps["worker"].add(PromoterStep)
         sender.app.steps["worker"].add(ControlStep)
         sender.app.steps["worker"].add(OnceStep)
+        sender.app.steps["consumer"].add(ParkOnReceipt)
 
 
-worker_init.connect(_add_promoter_step, weak=False, dispatch_uid="delay_broker.celery.promoter_step")
+worker_init.connect(_add_worker_steps, weak=False, dispatch_uid="delay_broker.celery.promoter_step")

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from . import actions, check, cron, dead, demo, inspect, serve, web
+from . import actions, check, cron, dead, demo, imports, inspect, serve, web
 from .group import cli
 
-for module in (inspect, actions, dead, cron, check, web, serve, demo):
+for module in (inspect, actions, dead, cron, check, web, serve, imports, demo):
     for command in module.COMMANDS:
         cli.add_command(command)
 

@@ -230,6 +230,7 @@ DOING = {
     "cron ls": "listing recurring schedules",
     "web": "starting the dashboard",
     "promote": "promoting",
+    "import": "importing",
     "metrics": "reading the store for metrics",
 }
 _UNAVAILABLE = re.compile(r"^(?:Redis (?:Cluster )?unavailable during [^:]*: |far tier: )")

@@ -38,6 +38,7 @@ from .delays import (
     threshold_ms,
 )
 from .delivery import FRAMEWORK, BrokerDeliverer, Enqueue, RedisQueues, canonical_queues
+from .received import park_on_receipt, parked_on_receipt
 
 logger = logging.getLogger("delay_broker.dramatiq")
 
@@ -203,6 +204,8 @@ class DelayMiddleware(dramatiq.Middleware):
 
     def _enqueue(self, message: AnyMessage, *, delay: Any = None) -> AnyMessage:
         assert self._original_enqueue is not None and self._effective_threshold_ms is not None
+        if parked_on_receipt(message, delay):
+            return message  # a worker's consumer handing back a message it parked on receipt: it is in the store
         if delay is None:
             return self._original_enqueue(message, delay=None)
         try:
@@ -420,6 +423,16 @@ class DelayMiddleware(dramatiq.Middleware):
             return self._envelope(dataclasses.replace(message, message_id=id, message_timestamp=created))[1]
 
         return build
+
+    # -- receiving -------------------------------------------------------------------------------------
+
+    def before_delay_message(self, broker: dramatiq.Broker, message: dramatiq.MessageProxy) -> None:
+        """A worker received a message with an eta (sent without delay_broker, or before it was turned on): one
+        due later than the threshold is parked and acknowledged instead of held in the worker's memory (see
+        :mod:`.received`)."""
+        if self.broker is not broker or self._effective_threshold_ms is None:
+            return
+        park_on_receipt(self.store, self._effective_threshold_ms, self._envelope, message)
 
     # -- promotion -------------------------------------------------------------------------------------
 

@@ -10,7 +10,10 @@
 --   STATS     HASH counters
 --   PROMOTERS ZSET promoter id -> last heartbeat
 -- ARGV[1] batch (<= 1000)   ARGV[2] lease_ms   ARGV[3] max_attempts   ARGV[4] promoter id
--- Returns {now_ms, lease_deadline_ms, next_wake_ms (-1: nothing parked), dead_count, id1, score1, envelope1,
+-- ARGV[5] ahead: ms before its due time a message is claimed ('0': when due), for consumers that hold a message
+--         until its own due time (Celery's eta)
+-- Returns {now_ms, lease_deadline_ms, next_wake_ms (the next message's due time less ahead, or the first lease to
+-- expire; -1: nothing parked or leased), dead_count, id1, score1, envelope1,
 -- ..., then dead_count pairs: id, reason} (the messages this call dead-lettered).
 -- Messages whose envelope is missing, or whose id is not UTF-8, are dead-lettered here and not returned; so is
 -- a message whose lease record is spoiled (see lease_record).
@@ -56,7 +59,8 @@ end
 
 local deadline = now + lease
 local result = {now, deadline, -1, 0}
-local ready = count_due(DUE, now, batch)
+local ahead = tonumber(ARGV[5])
+local ready = count_due(DUE, now + ahead, batch)
 if ready > 0 then
     local ids, due = pop_due(DUE, ready)
     local envelopes = redis.call('HMGET', MSG, unpack(ids))
@@ -86,6 +90,9 @@ if ready > 0 then
 end
 
 local next_wake = head_due(DUE)
+if next_wake then
+    next_wake = next_wake - ahead
+end
 local lease_head = redis.call('ZRANGE', INFLIGHT, 0, 0, 'WITHSCORES')
 if lease_head[2] and (not next_wake or tonumber(lease_head[2]) < next_wake) then
     next_wake = tonumber(lease_head[2])

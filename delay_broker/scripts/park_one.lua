@@ -20,24 +20,38 @@
 
 local id = ARGV[1]
 local partition = KEYS[FIRST_EXTRA_KEY]
-local now = now_ms()
+local max_delay = tonumber(ARGV[6])
+-- An absolute due time needs the clock only to be held to max_delay.
+local now = (string.byte(ARGV[2]) ~= 64 or max_delay >= 0) and now_ms() or 0
 local due = due_at(ARGV[2], now)
-if due_refusal(id, due, now, tonumber(ARGV[6])) or held_unpacked(id, MSG, DEAD) then
+if due_refusal(id, due, now, max_delay) or redis.call('ZSCORE', DEAD, id) then
     return 0
 end
 if partition ~= PACKS and ((redis.call('GET', PACKED_SHAPE) or '0:0') ~= ARGV[5]
         or redis.call('HEXISTS', partition, ARGV[4]) == 1) then
     return 0
 end
-local head = head_due(DUE)
-local woke = not head or due < head
-if woke and redis.call('TYPE', WAKE)['ok'] ~= 'list' and redis.call('TYPE', WAKE)['ok'] ~= 'none' then
-    return 0
+local score, woke = due_slot(DUE, due)
+if woke then
+    local kind = redis.call('TYPE', WAKE)['ok']
+    if kind ~= 'list' and kind ~= 'none' then
+        return 0
+    end
 end
 
-redis.call('HINCRBY', STATS, 'parked', 1)
-redis.call('ZADD', DUE, fifo_score(DUE, due), id)
-redis.call('HSET', MSG, id, ARGV[3])
+-- The first write, and the look at MSG: an id held there is left as it is. Over maxmemory it is the write Redis
+-- refuses; every other key written below was read above, but STATS.
+if redis.call('HSETNX', MSG, id, ARGV[3]) == 0 then
+    return 0
+end
+redis.call('ZADD', DUE, score, id)
+local counted = redis.pcall('HINCRBY', STATS, 'parked', 1)
+if type(counted) == 'table' and counted.err then
+    -- A counter that is not one: undone, for park.lua to refuse by name.
+    redis.call('ZREM', DUE, id)
+    redis.call('HDEL', MSG, id)
+    return 0
+end
 if woke then
     wake_one(WAKE)
     return {due, 1}

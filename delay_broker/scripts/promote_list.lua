@@ -14,12 +14,15 @@
 -- ARGV[1] batch (<= 1000)   ARGV[2] promoter id
 -- ARGV[3] '1': return each promoted message's lateness (for a promoter's listener); '' counts them by bucket
 --         alone (LATENESS), without reading a score per message
--- ARGV[4..] groups of 2 per route k, in KEYS order: route name, mode
+-- ARGV[4] ahead: ms before its due time a message is promoted ('0': when due), for consumers that hold a message
+--         until its own due time (Celery's eta); lateness is counted against that time
+-- ARGV[5..] groups of 2 per route k, in KEYS order: route name, mode
 --   mode 'lpush': LPUSH the payload (consumers BRPOP, e.g. Celery's Redis transport, a plain ready list)
 --   mode 'rpush': RPUSH the payload (consumers LPOP)
 --   mode 'hash':  HSET hash <field> payload, then RPUSH list <field>, where <field> is the envelope header's
 --                 'h' (Dramatiq's RedisBroker: <ns>:<queue>.msgs and <ns>:<queue>)
--- Returns {now_ms, next_due_ms (-1: nothing parked), promoted, dead_lettered, groups, then per group: route,
+-- Returns {now_ms, next_due_ms (when the next message is to be promoted: its due time less ahead; -1: nothing
+-- parked), promoted, dead_lettered, groups, then per group: route,
 -- name (the envelope's 'n', '' without one), count; then traced, and per traced message: id, route, traceparent,
 -- tracestate ('' without one); then lateness_ms of each message promoted, when asked for}. The groups feed
 -- metrics per queue and task name; the traced messages (an OpenTelemetry context in the header's x.otel) get a
@@ -35,11 +38,13 @@ end
 local batch = tonumber(ARGV[1])
 local want_lateness = ARGV[3] == '1'
 local now = now_ms()
+local ahead = tonumber(ARGV[4])
+local horizon = now + ahead  -- what is due by then is promoted now
 
 local routes = {}
-for k = 0, (#ARGV - 3) / 2 - 1 do
+for k = 0, (#ARGV - 4) / 2 - 1 do
     local list, hash = KEYS[FIRST_EXTRA_KEY + 2 * k], KEYS[FIRST_EXTRA_KEY + 2 * k + 1]
-    routes[ARGV[4 + 2 * k]] = {list = list, hash = hash, mode = ARGV[5 + 2 * k]}
+    routes[ARGV[5 + 2 * k]] = {list = list, hash = hash, mode = ARGV[6 + 2 * k]}
 end
 
 local promoted, dead = 0, 0
@@ -47,7 +52,7 @@ local result = {now, -1, 0, 0}
 local lateness = {}
 local counted, by_task = {}, {}
 local traced = {}
-local ready = count_due(DUE, now, batch)
+local ready = count_due(DUE, horizon, batch)
 if ready > 0 then
     -- Every key written below must hold the right type before the first write (see wrong_type).
     local spec = {MSG, 'hash', DEAD, 'zset', ATTEMPTS, 'hash', ERRORS, 'hash', STATS, 'hash', LATENESS, 'hash'}
@@ -65,7 +70,7 @@ if ready > 0 then
     end
     -- Reads first, then the first write is a delete (over maxmemory Redis refuses a script's first write only if
     -- it may grow memory): nothing below fails half-way.
-    local limit = due_limit(now)
+    local limit = due_limit(horizon)
     local ids, scores, counts
     if want_lateness then
         local taken = redis.call('ZRANGE', DUE, '-inf', limit, 'BYSCORE', 'LIMIT', 0, ready, 'WITHSCORES')
@@ -75,7 +80,7 @@ if ready > 0 then
         end
     else
         ids = redis.call('ZRANGE', DUE, '-inf', limit, 'BYSCORE', 'LIMIT', 0, ready)
-        counts = lateness_counts(DUE, now, ready)
+        counts = lateness_counts(DUE, horizon, ready)
     end
     local envelopes = redis.call('HMGET', MSG, unpack(ids))
 
@@ -84,7 +89,7 @@ if ready > 0 then
     local function fail(id, envelope, reason)
         failed[#failed + 1] = {id, envelope, reason}
         if counts then  -- counted late above as if promoted: it is not
-            local bucket = lateness_bucket(now - due_of(redis.call('ZSCORE', DUE, id)))
+            local bucket = lateness_bucket(horizon - due_of(redis.call('ZSCORE', DUE, id)))
             counts[bucket] = counts[bucket] - 1
         end
     end
@@ -126,7 +131,7 @@ if ready > 0 then
                 end
                 promoted = promoted + 1
                 if scores then
-                    lateness[promoted] = now - due_of(scores[n])
+                    lateness[promoted] = horizon - due_of(scores[n])
                 end
                 if not of_route then
                     of_route = {}
@@ -187,7 +192,7 @@ end
 
 local next_due = head_due(DUE)
 if next_due then
-    result[2] = next_due
+    result[2] = next_due - ahead
 end
 local refused = heartbeat(PROMOTERS, now, ARGV[2])
 if refused then

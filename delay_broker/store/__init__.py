@@ -39,7 +39,7 @@ from ..records import (
 from .facade import DelayStore
 from .options import DEFAULT_MAX_PAYLOAD, STORE_OPTIONS, StoreOptions
 from .packs import PACK_OPEN_CHUNK
-from .promotion import new_promoter_id
+from .promotion import MAX_AHEAD, ahead_to_ms, new_promoter_id
 from .replies import MAX_BATCH, MAX_ID_LENGTH, ListState, check_id
 from .runner import NEW_INDEX, PACK_CALLS
 from .stats import LATENESS_EDGES_MS
@@ -53,6 +53,7 @@ __all__ = [
     "DEFAULT_PACK_AFTER_MS",
     "FAR_HOLD_BACK_SECONDS",
     "LATENESS_EDGES_MS",
+    "MAX_AHEAD",
     "MAX_BATCH",
     "MAX_ID_LENGTH",
     "NEW_INDEX",
@@ -72,6 +73,7 @@ __all__ = [
     "State",
     "StoreOptions",
     "StoreStats",
+    "ahead_to_ms",
     "check_id",
     "new_promoter_id",
 ]

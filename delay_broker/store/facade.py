@@ -426,13 +426,12 @@ class DelayStore:
 
     # -- promoters -------------------------------------------------------------------------------------
 
-    def claim(self, batch: int, lease: float, promoter_id: str, *, shard: int = 0) -> Claim:
+    def claim(self, batch: int, lease: float, promoter_id: str, *, shard: int = 0, ahead: float = 0.0) -> Claim:
         """Lease up to ``batch`` due messages of one shard for ``lease`` seconds (at-least-once promotion).
-
         Expired leases of other promoters are given back first. Deliver each message, then :meth:`ack` it
         (or :meth:`nack` it) with the claim's ``lease_deadline_ms`` and ``shard`` before the lease runs out.
-        """
-        return self._promotion.claim(batch, lease, promoter_id, shard)
+        ``ahead``: seconds before their due time messages count as due (see :class:`~delay_broker.Promoter`)."""
+        return self._promotion.claim(batch, lease, promoter_id, shard, ahead)
 
     def ack(self, lease_deadline_ms: int, ids: Sequence[str], *, shard: int = 0) -> int:
         """Forget delivered messages whose lease (identified by its deadline) this promoter still holds."""
@@ -457,11 +456,9 @@ class DelayStore:
         return self._promotion.nack(lease_deadline_ms, failures, shard)
 
     def check_direct(self, routes: Mapping[str, ListTarget]) -> None:
-        """Refuse exactly-once promotion into ``routes`` when it cannot be one atomic script.
-
-        On a Redis Cluster every target key must sit in the slot of every shard of the namespace (so: one
-        shard, and targets whose hash tag is the namespace's). Raises :class:`ConfigurationError` saying so.
-        """
+        """Refuse exactly-once promotion into ``routes`` when it cannot be one atomic script: on a Redis Cluster
+        every target key must sit in the slot of every shard of the namespace (so: one shard, and targets whose
+        hash tag is the namespace's). Raises :class:`ConfigurationError` saying so."""
         self._promotion.check_direct(routes)
 
     @property
@@ -477,22 +474,26 @@ class DelayStore:
         return self._packs.open(shard, calls)
 
     def promote_direct(
-        self, routes: Mapping[str, ListTarget], batch: int, promoter_id: str, *, shard: int = 0, lateness: bool = True
+        self,
+        routes: Mapping[str, ListTarget],
+        batch: int,
+        promoter_id: str,
+        *,
+        shard: int = 0,
+        lateness: bool = True,
+        ahead: float = 0.0,
     ) -> DirectPromotion:
         """Move due messages of one shard straight into Redis lists of its server, exactly once
         (``promote_list.lua``); ``lateness=False`` saves reading each one's score (only counted by bucket).
-
+        ``ahead``: seconds before their due time messages count as due (see :class:`~delay_broker.Promoter`).
         Messages whose route is not in ``routes`` are dead-lettered: a stored message can only reach the
-        queues the application declared. With no route declared yet, nothing is promoted.
-        """
-        return self._promotion.promote_direct(routes, batch, promoter_id, shard, lateness)
+        queues the application declared. With no route declared yet, nothing is promoted."""
+        return self._promotion.promote_direct(routes, batch, promoter_id, shard, lateness, ahead)
 
     def wait_for_wake(self, timeout: float, promoter_id: str) -> frozenset[int] | None:
         """Block until a park moves a shard's head earlier, :meth:`wake` is called for this promoter, or timeout.
-
         Returns the shards to look at again (every shard after :meth:`wake`), or None on timeout. Uses BLPOP
-        on shard 0's wake lists, so a sleeping promoter costs Redis nothing.
-        """
+        on shard 0's wake lists, so a sleeping promoter costs Redis nothing."""
         return self._promotion.wait_for_wake(timeout, promoter_id)
 
     def wake(self, promoter_id: str) -> None:

@@ -8,6 +8,7 @@ import time
 from typing import Any
 
 from ..packing import NOT_PACKABLE, IndexReshaped, PackPolicy
+from .migration import BRIEF_WAIT
 from .replies import text
 from .runner import PACK_CALLS, Runner
 from .shards import Shards
@@ -63,7 +64,7 @@ class PackOpener:
         if now - self._audited.get(shard, float("-inf")) < AUDIT_INTERVAL:
             return
         self._audited[shard] = now
-        listed = self.runner.run("pack_audit", shard, [])
+        listed = self.runner.run("pack_audit", shard, [], migration_wait=BRIEF_WAIT)
         if listed:
             logger.error(
                 "Store %r: %d pack(s) held messages but %s did not list them (damage): listed again, to be opened: %s",
@@ -94,9 +95,9 @@ class PackOpener:
         given their index partitions (refused if another promoter took that head meanwhile)."""
         space = self.shards.spaces[shard]
         pack = space.pack(name)
-        peeked = self.runner.run(
-            "open_pack", shard, ["peek", name, PACK_OPEN_CHUNK, PACK_OPEN_BYTES], extra=[pack], write=False
-        )
+        # A promoter's call, as are the opening's: a slot migrating is waited for by its backoff, not here.
+        head = ["peek", name, PACK_OPEN_CHUNK, PACK_OPEN_BYTES]
+        peeked = self.runner.run("open_pack", shard, head, extra=[pack], write=False, migration_wait=BRIEF_WAIT)
         if int(peeked[0]) == -2:
             self._pause(shard, name, text(peeked[1]))
             return
@@ -108,9 +109,9 @@ class PackOpener:
                 space.packed(shape.partition(binary)) if binary != NOT_PACKABLE else space.packs for binary in binaries
             ]
             try:
-                reply = self.runner.run(
-                    "open_pack", shard, ["open", name, len(binaries), base, ids, str(shape)], extra=[pack, *partitions]
-                )
+                args = ["open", name, len(binaries), base, ids, str(shape)]
+                extra = [pack, *partitions]
+                reply = self.runner.run("open_pack", shard, args, extra=extra, migration_wait=BRIEF_WAIT)
             except IndexReshaped as reshaped:
                 self.runner.reshaped(shard, reshaped.shape)
                 continue

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -15,11 +16,28 @@ from ..clock import delay_to_ms, due_of_score
 from ..envelope import Envelope
 from ..errors import ConfigurationError, CorruptEnvelope, DelayBrokerError
 from ..records import Claim, ClaimedMessage, DirectPromotion, NackAction, TracedPromotion
+from ..redis_errors import slot_moving
 from ..targets import ListTarget
+from .migration import BRIEF_WAIT
 from .replication import Replication
 from .replies import check_batch, chunks, stored_id, text
 from .runner import Runner
-from .shards import RedisFailure, Shards
+from .shards import ClusterFailure, Shards
+
+MIGRATION_NAP = 0.1
+"""Seconds a promoter sleeps in place of its blocking wait while shard 0's slot migrates (its wake lists cannot be
+watched then)."""
+
+
+MAX_AHEAD = 60.0
+"""The most seconds before its due time a message may be promoted: its consumer holds it meanwhile."""
+
+
+def ahead_to_ms(ahead: float) -> int:
+    """A promoter's ``ahead`` (seconds) in ms, refused outside 0..MAX_AHEAD."""
+    if not 0 <= ahead <= MAX_AHEAD:
+        raise ValueError(f"ahead must be between 0 and {MAX_AHEAD:g} seconds, got {ahead!r}")
+    return round(ahead * 1000)
 
 
 def new_promoter_id() -> str:
@@ -50,13 +68,14 @@ class Promotion:
 
     # -- at least once ---------------------------------------------------------------------------------
 
-    def claim(self, batch: int, lease: float, promoter_id: str, shard: int) -> Claim:
+    def claim(self, batch: int, lease: float, promoter_id: str, shard: int, ahead: float) -> Claim:
         # Durable stores check for an in-sync replica first and do not WAIT after: a claim whose WAIT failed would
         # hold messages it never hands over until their lease expires and counts an attempt. A claim lost in a
         # failover only means a redelivery, which at-least-once allows; acks still WAIT.
         self.replication.require(shard, "claiming")
-        args = [check_batch(batch), delay_to_ms(lease), self.max_attempts, promoter_id]
-        reply = self.runner.run("claim", shard, args, write=False)
+        ahead_ms = ahead_to_ms(ahead)
+        args = [check_batch(batch), delay_to_ms(lease), self.max_attempts, promoter_id, ahead_ms]
+        reply = self.runner.run("claim", shard, args, write=False, migration_wait=BRIEF_WAIT)
         messages = []
         dead_end = len(reply) - 2 * int(reply[3])
         for n in range(4, dead_end, 3):
@@ -69,7 +88,9 @@ class Promotion:
             messages.append(ClaimedMessage(id, due_of_score(score), raw, envelope, problem))
         next_wake = int(reply[2])
         dead = [(stored_id(reply[n]), text(reply[n + 1])) for n in range(dead_end, len(reply), 2)]
-        return Claim(int(reply[0]), int(reply[1]), None if next_wake < 0 else next_wake, messages, shard, dead)
+        return Claim(
+            int(reply[0]), int(reply[1]), None if next_wake < 0 else next_wake, messages, shard, dead, ahead_ms
+        )
 
     def ack(self, lease_deadline_ms: int, ids: Sequence[str], shard: int) -> int:
         return sum(int(self.runner.run("ack", shard, [lease_deadline_ms, *chunk])) for chunk in chunks(list(ids)))
@@ -119,18 +140,25 @@ class Promotion:
             )
 
     def promote_direct(
-        self, routes: Mapping[str, ListTarget], batch: int, promoter_id: str, shard: int, lateness: bool
+        self,
+        routes: Mapping[str, ListTarget],
+        batch: int,
+        promoter_id: str,
+        shard: int,
+        lateness: bool,
+        ahead: float,
     ) -> DirectPromotion:
         self.check_direct(routes)
+        ahead_ms = ahead_to_ms(ahead)
         if not routes:
-            return self._idle_look(shard)
+            return self._idle_look(shard, ahead_ms)
         self.replication.require(shard, "promoting")
         extra: list[str] = []
-        args: list[Any] = [check_batch(batch), promoter_id, "1" if lateness else ""]
+        args: list[Any] = [check_batch(batch), promoter_id, "1" if lateness else "", ahead_ms]
         for name, target in routes.items():
             extra.extend((target.list_key, target.hash_key or target.list_key))
             args.extend((name, target.mode))
-        reply = self.runner.run("promote_list", shard, args, extra=extra)
+        reply = self.runner.run("promote_list", shard, args, extra=extra, migration_wait=BRIEF_WAIT)
         next_due = int(reply[1])
         groups_end = 5 + 3 * int(reply[4])
         groups = reply[5:groups_end]
@@ -148,12 +176,12 @@ class Promotion:
             traced=[TracedPromotion(*entries[i : i + 4]) for i in range(0, len(entries), 4)],
         )
 
-    def _idle_look(self, shard: int) -> DirectPromotion:
+    def _idle_look(self, shard: int, ahead_ms: int) -> DirectPromotion:
         """What a promotion with no route would see: nothing moved, the clock, and the shard's head while it is
         still ahead. An overdue head stays overdue until a route is declared, so it is no reason to look again
         at once: the promoter sleeps its ``max_idle`` instead of spinning."""
-        snapshot = self.runner.run("stats", shard, [30_000], write=False)
-        now, head = int(snapshot[0]), int(snapshot[5])
+        snapshot = self.runner.run("stats", shard, [30_000], write=False, migration_wait=BRIEF_WAIT)
+        now, head = int(snapshot[0]), int(snapshot[5]) - ahead_ms
         return DirectPromotion(now, head if head > now else None, 0, 0, [], shard)
 
     # -- sleeping and waking ---------------------------------------------------------------------------
@@ -171,8 +199,17 @@ class Promotion:
             # blocks again until its wait is over, and a 1 ms BLPOP made that hundreds of calls a second.
             timeout = min(timeout, max(float(socket_timeout) - 1.0, float(socket_timeout) / 2))
         keys = [spaces[0].wake_one(promoter_id), spaces[0].wake]
-        with self.shards.calling(f"BLPOP on the wake lists {keys}"):
+        try:
             popped = client.blpop(keys, timeout=timeout)
+        except ClusterFailure as error:
+            if not (self.shards.cluster and slot_moving(error)):
+                if isinstance(error, AttributeError):
+                    raise
+                raise self.shards.translated(error, f"BLPOP on the wake lists {keys}") from error
+            # Shard 0's slot is migrating: two keys, one missing, are refused (TRYAGAIN) until it has moved. A
+            # short nap instead of the wait: every shard is still looked at when its time comes.
+            time.sleep(min(timeout, MIGRATION_NAP))
+            return None
         if popped is None:
             return None
         return self.shards.woken_shards(popped[1])
@@ -187,10 +224,11 @@ class Promotion:
 
     def forget_promoter(self, promoter_id: str) -> None:
         try:
-            for space in self.shards.spaces:
-                self.shards.client.zrem(space.promoters, promoter_id)
-            self.shards.client.delete(self.shards.keys.wake_one(promoter_id))
-        except (*RedisFailure, DelayBrokerError):
+            with self.shards.calling("forgetting a promoter"):  # redis-py's failure on an ASK as SlotMigrating too
+                for space in self.shards.spaces:
+                    self.shards.client.zrem(space.promoters, promoter_id)
+                self.shards.client.delete(self.shards.keys.wake_one(promoter_id))
+        except DelayBrokerError:
             pass  # it ages out of the heartbeat window anyway (and a stopping promoter must not raise)
 
     def eviction_policies(self) -> dict[str, str]:

@@ -48,7 +48,9 @@ class Replication:
         try:
             return call(self.shard_client(space))
         except (redis.exceptions.AskError, redis.ConnectionError, redis.TimeoutError) as error:
-            if not self.shards.cluster:
+            if not self.shards.cluster or type(error) is redis.exceptions.AskError:
+                # ASK: the slot is migrating and the map is right (it stays the old node's until the end). The
+                # script was refused before it ran: the runner makes the call again until the slot has moved.
                 raise
             cluster.nodes_manager.initialize()
             return call(self._moved_to(error) or self.shard_client(space))

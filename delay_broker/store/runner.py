@@ -9,15 +9,18 @@ from collections.abc import Sequence
 from typing import Any
 
 import redis
+from redis.exceptions import RedisClusterException
 
 from .. import packing, scripts
 from ..connect import AnyRedis
 from ..errors import DelayBrokerError, StoreUnavailable
 from ..keys import Keyspace
 from ..packing import NOT_PACKABLE, NOWHERE, SPLIT_AT, IndexReshaped, IndexShape, Location, PackedElsewhere, binary_id
+from ..redis_errors import slot_moving
+from .migration import BRIEF_WAIT, waited_out
 from .replication import Replication
 from .replies import MAX_BATCH, text
-from .shards import RedisFailure, Shards
+from .shards import ClusterFailure, RedisFailure, Shards
 
 logger = logging.getLogger("delay_broker.store")
 
@@ -48,27 +51,49 @@ class Runner:
         extra: Sequence[str] = (),
         write: bool = True,
         replicas: int | None = None,
+        migration_wait: float | None = None,
     ) -> Any:
-        """Script ``name`` on a shard; a write waits for ``replicas`` (by default the store's) to confirm it."""
+        """Script ``name`` on a shard; a write waits for ``replicas`` (by default the store's) to confirm it. While
+        the shard's slot migrates between Cluster nodes the script is refused before it runs, and is made again
+        for up to ``migration_wait`` seconds (by default :data:`~.migration.MIGRATION_WAIT`; see
+        :mod:`~delay_broker.store.migration`)."""
         space = self.shards.space(shard, name)
         keys = [*space.keys_of(scripts.keys_used(name)), *extra]
-        replicas = self.replication.replicas if replicas is None else replicas
+        if self.shards.cluster:
+            keys.append(space.guard)
+        replicas = (self.replication.replicas if replicas is None else replicas) if write else 0
         try:  # as Shards.redis() does, without a context manager's cost on every call
-            if write and replicas:
-                return self.replication.write(
-                    name, space, lambda pipe: self._scripts[name](keys=keys, args=args, client=pipe), replicas
-                )
-            return self._evalsha(name, keys, args)
+            return self._call(name, space, keys, args, replicas)
+        except ClusterFailure as error:
+            if not (self.shards.cluster and slot_moving(error)):
+                if isinstance(error, AttributeError):
+                    raise
+                raise self._refusal(error, name) from error
+            refused = error
+        doing = f"{name} on shard {shard} ({space.due})"
+        try:
+            return waited_out(lambda: self._call(name, space, keys, args, replicas), refused, migration_wait, doing)
         except RedisFailure as error:
-            elsewhere = packing.packed_elsewhere(error) if isinstance(error, redis.ResponseError) else None
-            if elsewhere is not None:
-                raise elsewhere from None
-            raise self.shards.translated(error, name) from error
+            raise self._refusal(error, name) from error
+
+    def _call(self, name: str, space: Keyspace, keys: Sequence[str], args: Sequence[Any], replicas: int) -> Any:
+        if replicas:
+            return self.replication.write(
+                name, space, lambda pipe: self._scripts[name](keys=keys, args=args, client=pipe), replicas
+            )
+        return self._evalsha(name, keys, args)
+
+    def _refusal(self, error: redis.RedisError | RedisClusterException, name: str) -> Exception:
+        """A failure of script ``name`` as delay_broker's: where the ids are packed, or what Redis said."""
+        elsewhere = packing.packed_elsewhere(error) if isinstance(error, redis.ResponseError) else None
+        return elsewhere if elsewhere is not None else self.shards.translated(error, name)
 
     def run_together(self, calls: Sequence[tuple[str, int, Sequence[Any], Sequence[str]]]) -> list[Any]:
         """Calls ``(name, shard, args, extra)`` of one server in one round trip, each one's reply or its error as
         delay_broker's (for the caller of that call alone). Not on a Cluster, not with replicas: those go one by
         one. A call whose script the server lacks is made again alone (which loads it)."""
+        if self.shards.cluster:  # each script needs its slot's guard key and redirects: see run()
+            raise ValueError("run_together is for one server, not a Redis Cluster")
         pipe = self.shards.client.pipeline(transaction=False)
         for name, shard, args, extra in calls:
             keys = [*self.shards.space(shard, name).keys_of(scripts.keys_used(name)), *extra]
@@ -199,7 +224,8 @@ class Runner:
             while wanted > 0:
                 pairs, _ = shape.splits(min(wanted, MAX_BATCH // 2))
                 keys = [space.packed(number) for pair in pairs for number in pair]
-                done, reply = self.run("split_index", shard, [str(shape), len(pairs)], extra=keys)
+                args = [str(shape), len(pairs)]
+                done, reply = self.run("split_index", shard, args, extra=keys, migration_wait=BRIEF_WAIT)
                 shape = self._shapes[shard] = IndexShape.parse(text(reply))
                 if not int(done):  # another process split meanwhile: a park asks again if need be
                     return

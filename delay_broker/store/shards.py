@@ -15,14 +15,17 @@ from redis.exceptions import RedisClusterException
 from redis.sentinel import MasterNotFoundError
 
 from ..connect import AnyRedis, is_cluster, master_address
-from ..errors import ConfigurationError, DelayBrokerError, StoreError
+from ..errors import ConfigurationError, DelayBrokerError, SlotMigrating, StoreError
 from ..keys import Keyspace, shard_of
-from ..redis_errors import translate
+from ..redis_errors import ask_to_unknown_node, translate
 
 logger = logging.getLogger("delay_broker.store")
 
 RedisFailure = (redis.RedisError, RedisClusterException)
 """What redis-py raises: a server's refusal, a connection lost, a Cluster that cannot route."""
+ClusterFailure = (*RedisFailure, AttributeError)
+"""The same, and the ``AttributeError`` redis-py raises on an ``ASK`` to a master it does not know yet (see
+:func:`~delay_broker.redis_errors.ask_to_unknown_node`); any other ``AttributeError`` is raised again as it is."""
 
 
 class Shards:
@@ -56,6 +59,13 @@ class Shards:
             yield
         except RedisFailure as error:
             raise self.translated(error, doing) from error
+        except AttributeError as error:
+            if not ask_to_unknown_node(error):
+                raise
+            raise SlotMigrating(
+                f"Redis Cluster refused {doing}: its slot is migrating to a master added since this client read the "
+                "slot map (redis-py cannot follow ASK there); nothing was done, doing it again is safe"
+            ) from error
 
     def translated(self, error: redis.RedisError | RedisClusterException, doing: str) -> DelayBrokerError:
         """``error`` as delay_broker's, a failover noticed on the way."""

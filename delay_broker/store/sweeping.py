@@ -8,7 +8,7 @@ import time
 from collections.abc import Sequence
 
 from ..clock import delay_to_ms
-from ..errors import StoreError, StoreUnavailable
+from ..errors import SlotMigrating, StoreError, StoreUnavailable
 from ..far import FarRow, FarTier
 from .encoding import Due, Parcel
 from .far_view import FarView
@@ -76,7 +76,7 @@ class FarSweeper:
         A shard that failed lately is not tried again until its pause ends, and shards are not begun past half
         the lease: a hung master costs socket timeouts, which must not run the whole batch out of its lease."""
         adopted: list[FarRow] = []
-        failed: list[tuple[int, list[FarRow], StoreUnavailable | None]] = []
+        failed: list[tuple[int, list[FarRow], StoreUnavailable | SlotMigrating | None]] = []
         started, budget = time.monotonic(), self.tier.lease_ms / 2000
         groups = sorted(self._rows_by_shard(rows).items(), key=lambda item: item[0] in self._shards_down)
         for shard, group in groups:
@@ -87,7 +87,7 @@ class FarSweeper:
                 break  # not tried: taken first by the next sweep
             try:
                 self._adopt_group(shard, group, deadline_ms)
-            except StoreUnavailable as error:
+            except (StoreUnavailable, SlotMigrating) as error:  # a slot migrating: nothing was written, as Redis down
                 if not partial:
                     raise
                 failed.append((shard, group, error))
@@ -105,7 +105,7 @@ class FarSweeper:
         parcels = [Parcel(row.id, Due(row.due_ms, absolute=True), row.record) for row in group]
         self.parking.adopt(shard, parcels, deadline_ms, [row.token for row in group], self._replicas(shard))
 
-    def _hold_back(self, failed: list[tuple[int, list[FarRow], StoreUnavailable | None]]) -> None:
+    def _hold_back(self, failed: list[tuple[int, list[FarRow], StoreUnavailable | SlotMigrating | None]]) -> None:
         pause = time.monotonic() + max(FAR_HOLD_BACK_SECONDS, self.tier.sweep_interval)
         for shard, group, refusal in failed:
             self._held_back.update((row.id, pause) for row in group)

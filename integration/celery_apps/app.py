@@ -9,6 +9,7 @@ with :func:`make_app` and a dict, to send tasks with exactly the worker's config
 - ``DBT_QUEUE``: the test's own default queue.
 - ``DBT_RECORD_URL`` / ``DBT_RECORD_KEY``: where executions are recorded (RPUSH of a JSON line).
 - ``DBT_SCHEDULE``: optional cron expression on which ``dbtest.record("cron")`` runs (schedule ``tick``).
+- ``DBT_SLOW_IMPORT``: optional, seconds each batch ``delay-broker import`` parks waits before leaving the broker.
 - ``DBT_QUORUM``: set, the queue is a RabbitMQ quorum queue on a topic exchange (Celery's native delayed
   delivery).
 """
@@ -74,5 +75,10 @@ def make_app(env: Mapping[str, str]) -> Celery:
         schedule(app, env["DBT_SCHEDULE"], record_task, args=("cron",), name="tick")
     return app
 
+
+if os.environ.get("DBT_SLOW_IMPORT"):
+    from integration.slow_import import install
+
+    install(float(os.environ["DBT_SLOW_IMPORT"]))
 
 app = make_app(os.environ) if "DBT_BROKER_URL" in os.environ else None

@@ -18,6 +18,7 @@ Environment:
   DB_STORE_REPLICAS optional: durable writes (replicas to confirm each write)
   DB_PACK_AFTER     optional: seconds, the store's pack_after ('none': packs nothing)
   DB_FAR_URL        optional: PostgreSQL URL of a far tier (with DB_FAR_HORIZON seconds, DB_FAR_SWEEP seconds)
+  DB_SLOW_IMPORT    optional: seconds each batch ``delay-broker import`` parks waits before leaving the broker
   DB_SENTINEL_URL   redis+sentinel:// URL of the RedisBroker's Redis (DB_BROKER=redis-sentinel); the store
                     lives in that master too
   DB_ONCE           optional: set, the broker gets an OnceMiddleware (effectively-once execution)
@@ -188,6 +189,11 @@ def declare_actors(broker: dramatiq.Broker, queue: str, record: Recorder) -> dic
 
     return {"record": record_run, "flaky": flaky, "flaky_short": flaky_short, "retry_long": retry_long}
 
+
+if os.environ.get("DB_SLOW_IMPORT"):
+    from integration.slow_import import install
+
+    install(float(os.environ["DB_SLOW_IMPORT"]))
 
 if os.environ.get("DB_BROKER"):
     app = build(os.environ)

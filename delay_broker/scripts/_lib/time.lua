@@ -70,6 +70,19 @@ local function fifo_score(due_key, due_ms)
     return score
 end
 
+-- For one message due at `due_ms`: its fifo_score and whether it is the earliest of the due ZSET (nothing due
+-- at or before `due_ms`), from one look at the last score at or before that millisecond's last slot (what
+-- fifo_score and head_due would find in two).
+local function due_slot(due_key, due_ms)
+    local first = due_ms * FIFO_SLOTS
+    local last = first + FIFO_SLOTS - 1
+    local before = redis.call('ZRANGE', due_key, last, '-inf', 'BYSCORE', 'REV', 'LIMIT', 0, 1, 'WITHSCORES')
+    if not before[2] then
+        return first, true
+    end
+    return math.min(math.max(tonumber(before[2]) + 1, first), last), false
+end
+
 -- Earliest due time (ms) in a due ZSET, or false.
 local function head_due(due_key)
     local head = redis.call('ZRANGE', due_key, 0, 0, 'WITHSCORES')
