@@ -304,3 +304,8 @@ class Keyspace:
     def claim(self, token: str) -> str:
         """STRING, short-lived: taken by the first process that offers ``token`` (see :mod:`delay_broker.claims`)."""
         return self.key(f"claim:{token}")
+
+    def once(self, id: str, promotion: str, attempt: int) -> str:
+        """STRING, expiring: the execution of one delivery of a promoted message (see :mod:`delay_broker.once`).
+        The promotion token and the attempt are digits, so the id (any text) comes last, unambiguously."""
+        return self.key(f"once:{promotion}:{attempt}:{id}")

@@ -55,6 +55,7 @@ STORE_EVENTS = (
     "requeued",
     "opened",
     "pack_damaged",
+    "duplicates_dropped",
 )
 """The store-wide counters :class:`StoreCollector` exposes (``delay_broker_store_events_total``)."""
 

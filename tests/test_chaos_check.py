@@ -101,3 +101,24 @@ def test_at_least_once_duplicates_of_leased_ids_are_bounded_by_a_batch_per_kill(
     )
     # On the exactly-once hand-off a lease explains nothing: there is none.
     assert sorted(exactly.duplicates["unexplained"]) == ["a", "b", "c"] and exactly.duplicated == 3
+
+
+def test_effectively_once_allows_no_duplicate_and_reports_the_drops() -> None:
+    """With OnceMiddleware on an at-least-once lane the bound is 0: a duplicate still gets its cause, and fails."""
+    leased = frozenset({"a", "b"})
+    kill = Kill("lane", 5_000, frozenset({99}), leased)
+    sent = dict.fromkeys(leased, 1_000)
+    clean = check_lane(
+        "lane", exactly_once=False, batch=50, sent=sent, runs=[run("a", 4_000), run("b", 4_000)], kills=[kill],
+        outages=[], once=True,
+    )  # fmt: skip
+    clean.store = {"counter_duplicates_dropped": 2}
+    summary = clean.summary()
+    assert (summary["guarantee"], summary["duplicate_bound"], summary["dropped"], summary["ok"]) == (
+        "effectively-once", 0, 2, True
+    )  # fmt: skip
+    slipped = check_lane(
+        "lane", exactly_once=False, batch=50, sent=sent, runs=[run("a", 4_000), run("a", 30_000), run("b", 4_000)],
+        kills=[kill], outages=[], once=True,
+    )  # fmt: skip
+    assert slipped.duplicates["promoter_kill"] == ["a"] and slipped.duplicated == 1 and not slipped.ok()

@@ -18,6 +18,7 @@ from delay_broker import ClaimedMessage, DelayStore, Envelope, ListTarget, ParkR
 from delay_broker.deliverers import DirectLists
 from delay_broker.embedded import free_port
 from delay_broker.metrics import PromoterMetrics, StoreCollector, start_metrics_server
+from delay_broker.once import Executions
 
 from .helpers import wait_for
 
@@ -71,11 +72,16 @@ def test_one_scrape_shows_promoter_counters_and_the_store_backlog(store: DelaySt
     store.park("tomorrow", Envelope(route="ready", payload=b"x"), delay=26 * 3600)
 
     listener.missed("nightly", 2)  # a recurring schedule's skipped occurrences (test_runtime_schedules makes some)
+    executions = Executions(store, metrics=True, registry=registry)  # effectively once: a second delivery dropped
+    executions.end(executions.begin("ran", "1795000000000", 0), succeeded=True)
+    assert not executions.begin("ran", "1795000000000", 0).runs
     with start_metrics_server(0, store, registry, addr="127.0.0.1") as server:
         assert server.port > 0
         _, samples = scrape(server.url)
     ns = {"namespace": namespace}
     assert value(samples, "delay_broker_schedule_missed_occurrences_total", schedule="nightly", **ns) == 2
+    assert value(samples, "delay_broker_duplicates_dropped_total", **ns) == 1
+    assert value(samples, "delay_broker_store_events_total", event="duplicates_dropped", **ns) == 1
     # Promoter side.
     assert value(samples, "delay_broker_promoted_total", **ns) == 3
     assert value(samples, "delay_broker_dead_lettered_total", **ns) == 1
@@ -133,6 +139,7 @@ def test_the_backlog_is_exposed_with_no_promoter_and_an_empty_store(store: Delay
         "requeued",
         "opened",
         "pack_damaged",
+        "duplicates_dropped",
     ):
         # At 0 from the first scrape: increase() needs a first sample before the first dead letter.
         assert value(samples, "delay_broker_store_events_total", event=event, **ns) == 0, event

@@ -19,6 +19,7 @@ from .app import app_options, build_promoter, store_for, transport_kind
 from .bootstep import ControlStep, PromoterStep
 from .config import OPTIONS_KEY, TRANSPORTS, CeleryOptions, Kind, check_threshold, kind_of_scheme, parse_options
 from .messages import parse_celery_time, reschedule_parked
+from .once import OnceStep
 from .received import ParkOnReceipt
 from .stores import check_store
 
@@ -103,6 +104,7 @@ def install(app: Any, **options: Any) -> CeleryOptions:
         raise
     app.steps["worker"].add(PromoterStep)
     app.steps["worker"].add(ControlStep)
+    app.steps["worker"].add(OnceStep)
     app.steps["consumer"].add(ParkOnReceipt)
     return checked
 

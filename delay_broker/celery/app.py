@@ -80,7 +80,7 @@ def build_promoter(app: Any, *, listener: PromoterListener | None = None, **over
     schedules = schedules_of(app)
     return Promoter(
         store,
-        _deliverer(app, kind, direct, declared_queues(app, options.queues), RouteBook(store)),
+        _deliverer(app, kind, direct, declared_queues(app, options.queues), RouteBook(store), mark=options.once),
         batch=options.batch,
         lease=options.lease,
         max_idle=options.max_idle,
@@ -91,9 +91,12 @@ def build_promoter(app: Any, *, listener: PromoterListener | None = None, **over
     )
 
 
-def _deliverer(app: Any, kind: Kind, direct: bool, queues: set[str], book: RouteBook) -> Deliverer | DirectDeliverer:
+def _deliverer(
+    app: Any, kind: Kind, direct: bool, queues: set[str], book: RouteBook, *, mark: bool = False
+) -> Deliverer | DirectDeliverer:
     """How the promoter hands due tasks to the broker: into the broker's Redis in the promotion's own script
-    when the store shares it, else published again through kombu (RabbitMQ with publisher confirms)."""
+    when the store shares it, else published again through kombu (RabbitMQ with publisher confirms), each task
+    marked with its promotion token when ``mark`` (the ``once`` option)."""
     if kind in REDIS_KINDS:
         transport_options = dict(app.conf.broker_transport_options or {})
         routes, sep = redis_priority_routes(queues, transport_options)
@@ -101,14 +104,16 @@ def _deliverer(app: Any, kind: Kind, direct: bool, queues: set[str], book: Route
         if direct:
             return RedisDirect(allowed, transport_options)
         # kombu's stock transport of the same kind ("redis" or "sentinel"): ours would park it again.
-        return VirtualRepublisher(lambda: app.connection_for_write(transport=kind), allowed, sep)
+        return VirtualRepublisher(lambda: app.connection_for_write(transport=kind), allowed, sep, mark=mark)
     if kind == "sqs":
-        return VirtualRepublisher(lambda: app.connection_for_write(transport="sqs"), AllowedRoutes(queues, book))
+        sqs = AllowedRoutes(queues, book)
+        return VirtualRepublisher(lambda: app.connection_for_write(transport="sqs"), sqs, mark=mark)
     return AmqpRepublisher(
         lambda: app.connection_for_write(
             transport="amqps" if _amqp_tls(app) else "pyamqp", transport_options={"confirm_publish": True}
         ),
         AllowedRoutes(declared_amqp_routes(app, queues), book),
+        mark=mark,
     )
 
 

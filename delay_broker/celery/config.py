@@ -19,6 +19,7 @@ from typing import Any, Literal
 from ..connect import check_url
 from ..errors import ConfigurationError
 from ..keys import MAX_SHARDS, Keyspace
+from ..once import default_window, window_too_short
 from ..store import DEFAULT_MAX_PAYLOAD, DEFAULT_PACK_AFTER_MS, MAX_AHEAD
 
 logger = logging.getLogger("delay_broker.celery")
@@ -95,6 +96,8 @@ class CeleryOptions:
     pack_after: float | None = DEFAULT_PACK_AFTER_MS / 1000
     inspect_limit: int = 1000
     promote_ahead: float = DEFAULT_PROMOTE_AHEAD
+    once: bool = False
+    once_window: float | None = None
 
     def store_options(self) -> dict[str, Any]:
         """The :class:`~delay_broker.store.DelayStore` arguments these options give."""
@@ -241,6 +244,8 @@ CHECKS: dict[str, Check] = {
     "pack_after": _optional(_seconds(10.0, inclusive=True)),
     "inspect_limit": _int(0, 10_000),
     "promote_ahead": _ahead,
+    "once": _bool,
+    "once_window": _optional(_seconds(0.0, inclusive=False)),
 }
 """How each option of :class:`CeleryOptions` is checked, in its order."""
 
@@ -319,6 +324,19 @@ def _visibility_timeout(kind: Kind, transport_options: Mapping[str, Any] | None)
     except (TypeError, ValueError):
         return None
     return None if math.isnan(seconds) else seconds
+
+
+def once_window(options: CeleryOptions, kind: Kind, transport_options: Mapping[str, Any] | None) -> float:
+    """The effectively-once window in force: the ``once_window`` option, or one that covers the lease and the
+    broker's visibility timeout (Redis, Sentinel, SQS; RabbitMQ redelivers at once). A window given that is too
+    short is logged as a warning."""
+    redelivery = _visibility_timeout(kind, transport_options) if kind in DEFAULT_VISIBILITY_TIMEOUTS else None
+    if options.once_window is None:
+        return default_window(options.lease, redelivery)
+    problem = window_too_short(options.once_window, options.lease, redelivery)
+    if problem:
+        logger.warning("delay_broker once: %s ('once_window').", problem)
+    return options.once_window
 
 
 def options_of(transport_options: Mapping[str, Any] | None) -> CeleryOptions:

@@ -23,7 +23,9 @@ from kombu.exceptions import OperationalError as KombuOperationalError
 from kombu.transport import redis as kombu_redis
 
 from .. import sqs_errors
+from ..envelope import Envelope
 from ..errors import DeliveryRefused, TargetUnavailable
+from ..once import PROMOTION_MARK, promotion_token
 from ..store import ClaimedMessage
 from ..targets import ListTarget
 from .messages import amqp_route, decode_amqp, decode_virtual, parse_celery_time
@@ -152,10 +154,18 @@ def _checked(message: ClaimedMessage, allowed: AllowedRoutes) -> Any:
 class VirtualRepublisher:
     """At-least-once delivery through a stock virtual channel's ``_put`` (Redis elsewhere, SQS)."""
 
-    def __init__(self, connect: Callable[[], Any], allowed: AllowedRoutes, priority_sep: str | None = None) -> None:
+    def __init__(
+        self,
+        connect: Callable[[], Any],
+        allowed: AllowedRoutes,
+        priority_sep: str | None = None,
+        *,
+        mark: bool = False,
+    ) -> None:
         self.publisher = _KombuPublisher(connect)
         self.allowed = allowed
         self.priority_sep = priority_sep  # Redis: routes of prioritised tasks are <queue><sep><step>
+        self.mark = mark
 
     def _matches(self, queue: str, route: str) -> bool:
         return route == queue or (self.priority_sep is not None and route.startswith(queue + self.priority_sep))
@@ -169,6 +179,8 @@ class VirtualRepublisher:
             stored = decode_virtual(envelope.payload)
         except ValueError as error:
             raise DeliveryRefused(f"unreadable stored message: {error}") from None
+        if self.mark:
+            stored["headers"] = marked(stored.get("headers"), envelope)
         try:
             self.publisher.channel()._put(queue, stored)
         except self.publisher.connection_errors() as error:
@@ -190,9 +202,10 @@ class AmqpRepublisher:
     """At-least-once republish to RabbitMQ with publisher confirms (``mandatory``: an unroutable message is
     an error, retried with backoff, not silently dropped)."""
 
-    def __init__(self, connect: Callable[[], Any], allowed: AllowedRoutes) -> None:
+    def __init__(self, connect: Callable[[], Any], allowed: AllowedRoutes, *, mark: bool = False) -> None:
         self.publisher = _KombuPublisher(connect)
         self.allowed = allowed
+        self.mark = mark
 
     def deliver(self, message: ClaimedMessage) -> None:
         import amqp
@@ -205,6 +218,8 @@ class AmqpRepublisher:
         if amqp_route(record.exchange, record.routing_key) != envelope.route:
             raise DeliveryRefused(f"exchange/routing key do not match route {envelope.route!r}")
         properties = refresh_expiration(record.properties)
+        if self.mark:
+            properties["application_headers"] = marked(properties.get("application_headers"), envelope)
         try:
             channel = self.publisher.channel()
             channel.basic_publish(
@@ -223,6 +238,17 @@ class AmqpRepublisher:
 
     def close(self) -> None:
         self.publisher.close()
+
+
+def marked(headers: object, envelope: Envelope) -> dict[str, Any]:
+    """A task's headers with the promotion token of ``envelope`` (the ``once`` option; see
+    :mod:`delay_broker.once`): every delivery of one park carries the same one, and a worker reads it from the
+    task's request."""
+    result = dict(headers) if isinstance(headers, Mapping) else {}
+    token = promotion_token(envelope)
+    if token is not None:
+        result[PROMOTION_MARK] = token
+    return result
 
 
 def refresh_expiration(properties: Mapping[str, Any]) -> dict[str, Any]:

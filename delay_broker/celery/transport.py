@@ -192,10 +192,12 @@ def _add_worker_steps(sender: Any = None, **kwargs: Any) -> None:
     transport = conninfo.transport
     if isinstance(transport, DelayBrokerTransport):
         from .bootstep import ControlStep, PromoterStep
+        from .once import OnceStep
         from .received import ParkOnReceipt
 
         sender.app.steps["worker"].add(PromoterStep)
         sender.app.steps["worker"].add(ControlStep)
+        sender.app.steps["worker"].add(OnceStep)
         sender.app.steps["consumer"].add(ParkOnReceipt)
 
 

@@ -11,12 +11,14 @@ Works with RedisBroker (exactly-once hand-off into the broker's own lists), Rabb
 from .delays import DEFAULT_THRESHOLD, SQS_MAX_DELAY_MS, delay_ms
 from .delivery import BrokerDeliverer, RedisQueues
 from .middleware import DelayMiddleware, build_promoter
+from .once import OnceMiddleware
 
 __all__ = [
     "DEFAULT_THRESHOLD",
     "SQS_MAX_DELAY_MS",
     "BrokerDeliverer",
     "DelayMiddleware",
+    "OnceMiddleware",
     "RedisQueues",
     "build_promoter",
     "delay_ms",

@@ -19,6 +19,7 @@ from dramatiq.errors import DecodeError, QueueNotFound
 
 from .. import sqs_errors
 from ..errors import DeliveryRefused, TargetUnavailable
+from ..once import PROMOTION_MARK, promotion_token
 from ..store import ClaimedMessage
 from ..targets import ListTarget
 
@@ -101,7 +102,16 @@ class BrokerDeliverer:
         if message.message_id != claimed.id or q_name(message.queue_name) != envelope.route:
             raise DeliveryRefused("message id or queue does not match the envelope")
         options = {key: value for key, value in message.options.items() if key != "eta"}
+        token = promotion_token(envelope) if marks_promotions(self.broker) else None
+        if token is not None:
+            options[PROMOTION_MARK] = token  # every delivery of this park carries the same token
         return dataclasses.replace(message, queue_name=envelope.route, options=options)
+
+
+def marks_promotions(broker: dramatiq.Broker) -> bool:
+    """Whether the promoters of ``broker`` mark what they promote: it has an ``OnceMiddleware`` (which sets
+    ``marks_promotions``; :mod:`.once` imports this module's neighbours, not the other way round)."""
+    return any(getattr(middleware, "marks_promotions", False) for middleware in broker.middleware)
 
 
 def classify(error: BaseException) -> type[DeliveryRefused] | type[TargetUnavailable] | None:

@@ -48,11 +48,18 @@ def make_app(env: Mapping[str, str]) -> Celery:
 
     def record(task: Any, tag: str) -> None:
         line = {"id": task.request.id, "tag": tag, "t": time.time(), "retries": task.request.retries}
+        # Set by promoters with the once option (the header every delivery of one park carries).
+        line["promotion"] = getattr(task.request, "delay_broker_promotion", None)
         recorder.rpush(record_key, json.dumps(line))
 
     @app.task(name="dbtest.record", bind=True, shared=False)
     def record_task(self: Any, tag: str) -> str:
         record(self, tag)
+        return tag
+
+    @app.task(name="dbtest.record_plain", shared=False)  # not bound: the request is read from the task object
+    def record_plain(tag: str) -> str:
+        record(record_plain, tag)
         return tag
 
     @app.task(name="dbtest.retry_once", bind=True, shared=False)

@@ -14,6 +14,9 @@ Every execution beyond a message's first is a duplicate, and each one gets a cau
 
 ``duplicated`` counts what the delay store's hand-off produced or nothing explains (``promoter_kill``,
 ``failover``, ``unexplained``); ``reruns`` counts the frameworks' own (``worker_kill``, ``broker_restart``).
+
+An at-least-once lane run with effectively-once execution (``once``) allows no duplicate at all: the workers drop
+a second delivery of a promotion (the store's ``duplicates_dropped`` counter says how many they dropped).
 """
 
 from __future__ import annotations
@@ -66,6 +69,8 @@ class LaneFigures:
     lane: str
     exactly_once: bool
     batch: int
+    once: bool = False
+    """Effectively-once execution on an at-least-once lane: second deliveries are dropped by the workers."""
     messages: int = 0
     executions: int = 0
     kills: int = 0
@@ -91,8 +96,18 @@ class LaneFigures:
 
     @property
     def duplicate_bound(self) -> int:
-        """What the guarantee allows: none on the exactly-once hand-off, else a batch per kill or failover."""
-        return 0 if self.exactly_once else self.batch * (self.kills + self.failovers)
+        """What the guarantee allows: none on the exactly-once hand-off or with effectively-once execution, else a
+        batch per kill or failover."""
+        return 0 if self.exactly_once or self.once else self.batch * (self.kills + self.failovers)
+
+    @property
+    def dropped(self) -> int:
+        """Second deliveries the workers dropped (effectively once), by the store's counter."""
+        return self.store.get("counter_duplicates_dropped", 0)
+
+    @property
+    def guarantee(self) -> str:
+        return "exactly-once" if self.exactly_once else "effectively-once" if self.once else "at-least-once"
 
     def percentile(self, fraction: float) -> int:
         if not self.lateness_ms:
@@ -120,7 +135,7 @@ class LaneFigures:
     def summary(self) -> dict[str, Any]:
         return {
             "target": self.lane,
-            "guarantee": "exactly-once" if self.exactly_once else "at-least-once",
+            "guarantee": self.guarantee,
             "messages": self.messages,
             "executions": self.executions,
             "kills": self.kills,
@@ -130,6 +145,7 @@ class LaneFigures:
             "lost_after_handoff": len(self.lost_after_handoff),
             "duplicated": self.duplicated,
             "duplicate_bound": self.duplicate_bound,
+            "dropped": self.dropped,
             "reruns": self.reruns,
             "by_cause": {cause: len(ids) for cause, ids in self.duplicates.items() if ids},
             "early": len(self.early),
@@ -192,11 +208,12 @@ def check_lane(
     runs: Iterable[Run],
     kills: Iterable[Kill],
     outages: Iterable[Outage],
+    once: bool = False,
 ) -> LaneFigures:
     """The figures of one target; ``sent`` maps each acknowledged id to its due time (ms)."""
     kills = [kill for kill in kills if kill.lane == lane]
     outages = [outage for outage in outages if lane in outage.lanes]
-    figures = LaneFigures(lane, exactly_once, batch, messages=len(sent), kills=len(kills))
+    figures = LaneFigures(lane, exactly_once, batch, once, messages=len(sent), kills=len(kills))
     figures.restarts = sum(1 for outage in outages if outage.kind == "restart")
     figures.failovers = sum(1 for outage in outages if outage.kind == "failover")
     by_id: dict[str, list[Run]] = defaultdict(list)

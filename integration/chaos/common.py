@@ -17,6 +17,8 @@ ENV_STORE_URL = "CHAOS_STORE_URL"
 ENV_RESULTS_URL = "CHAOS_RESULTS_URL"
 ENV_LEASE = "CHAOS_LEASE"
 ENV_BATCH = "CHAOS_BATCH"
+ENV_ONCE = "CHAOS_ONCE"
+"""Set (to "1") on the at-least-once lanes of a run with effectively-once execution (OnceMiddleware)."""
 
 THRESHOLD_S = 1.0
 """Every delay of the run is above it: every message is parked."""

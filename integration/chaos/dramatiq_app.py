@@ -1,7 +1,9 @@
 """The Dramatiq side of the chaos run: ``dramatiq integration.chaos.dramatiq_app`` with the lane in the environment.
 
 One actor, ``chaos_run(id, due_ms)``, records its execution. The broker is the lane's (``CHAOS_BROKER``: redis,
-rabbitmq or sqs); ``DelayMiddleware`` parks every delayed send and promotes from a thread of each worker.
+rabbitmq or sqs); ``DelayMiddleware`` parks every delayed send and promotes from a thread of each worker, and
+on the at-least-once lanes ``OnceMiddleware`` drops a second delivery of a promotion (unless the run is made
+``--without-once``).
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from typing import Any
 
 import dramatiq
 
-from delay_broker.dramatiq import DelayMiddleware
+from delay_broker.dramatiq import DelayMiddleware, OnceMiddleware
 
 from .common import (
     ENV_BATCH,
@@ -20,6 +22,7 @@ from .common import (
     ENV_BROKER_URL,
     ENV_LANE,
     ENV_LEASE,
+    ENV_ONCE,
     ENV_STORE_URL,
     THRESHOLD_S,
     Recorder,
@@ -74,6 +77,9 @@ def build(env: Mapping[str, str]) -> tuple[dramatiq.Broker, dramatiq.Actor[Any, 
             store_options={"replicas": 1, "replica_timeout": 0.5} if store_url else {},
         )
     )
+    if env.get(ENV_ONCE):
+        # Effectively once: the promoters mark what they promote, the workers drop a second delivery of it.
+        broker.add_middleware(OnceMiddleware())
     record = Recorder(env)
 
     @dramatiq.actor(broker=broker, queue_name=namespace(env), actor_name="chaos_run", max_retries=20)

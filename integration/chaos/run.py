@@ -37,6 +37,7 @@ from .common import (
     ENV_BROKER_URL,
     ENV_LANE,
     ENV_LEASE,
+    ENV_ONCE,
     ENV_RESULTS_URL,
     ENV_RUN,
     ENV_STORE_URL,
@@ -157,6 +158,7 @@ class Report:
     machine: dict[str, Any]
     targets: list[dict[str, Any]]
     events: dict[str, Any] = field(default_factory=dict)
+    once: bool = True
 
     @property
     def ok(self) -> bool:
@@ -164,7 +166,8 @@ class Report:
 
     def lines(self) -> Iterator[str]:
         machine = self.machine["summary"]
-        yield f"chaos run --scale {self.scale} (seed {self.seed}): wall {self.wall_s:.0f} s on {machine}"
+        once = "effectively once on the at-least-once lanes" if self.once else "without effectively-once"
+        yield f"chaos run --scale {self.scale} (seed {self.seed}, {once}): wall {self.wall_s:.0f} s on {machine}"
         for t in self.targets:
             late = t["lateness_ms"]
             causes = ", ".join(f"{cause} {n}" for cause, n in t["by_cause"].items()) or "none"
@@ -172,15 +175,20 @@ class Report:
                 f"{t['target']:<18} {t['guarantee']:<13} messages={t['messages']} kills={t['kills']} "
                 f"restarts={t['restarts']} failovers={t['failovers']} lost={t['lost']} "
                 f"(after hand-off {t['lost_after_handoff']}) duplicated={t['duplicated']} "
-                f"(bound {t['duplicate_bound']}) reruns={t['reruns']} [{causes}] early={t['early']} "
+                f"(bound {t['duplicate_bound']}) dropped={t['dropped']} reruns={t['reruns']} [{causes}] "
+                f"early={t['early']} "
                 f"lateness_ms p50={late['p50']} p99={late['p99']} max={late['max']} {'ok' if t['ok'] else 'FAILED'}"
             )
         yield "totals: " + " ".join(f"{key}={value}" for key, value in self.events.items())
 
 
 class ChaosRun:
-    def __init__(self, scale: str, seed: int | None = None, logs: Path | None = None) -> None:
+    """One run. ``once``: the at-least-once lanes' workers run effectively once (OnceMiddleware); without it they
+    run every delivery, as the figures published before effectively-once execution existed."""
+
+    def __init__(self, scale: str, seed: int | None = None, logs: Path | None = None, *, once: bool = True) -> None:
         self.scale_name, self.scale = scale, SCALES[scale]
+        self.once = once
         self.seed = seed if seed is not None else random.SystemRandom().randrange(2**32)
         self.rng = random.Random(self.seed)
         self.run_id = uuid.uuid4().hex[:8]
@@ -227,7 +235,12 @@ class ChaosRun:
             ENV_RESULTS_URL: self.results.url,
             ENV_LEASE: str(lane.lease),
             ENV_BATCH: str(lane.batch),
+            ENV_ONCE: "1" if self.once_on(lane) else "",
         }
+
+    def once_on(self, lane: Lane) -> bool:
+        """Effectively-once execution is for the at-least-once lanes (the others hand off exactly once)."""
+        return self.once and not lane.exactly_once
 
     def store_of(self, lane: Lane) -> DelayStore:
         if lane.name not in self.stores:
@@ -462,6 +475,7 @@ class ChaosRun:
                     runs=(Run.parse(line) for line in ran.lines),
                     kills=self.kills,
                     outages=self.outages,
+                    once=self.once_on(lane),
                 )
             )
             self.inspect_store(lane, figures[-1])
@@ -473,6 +487,11 @@ class ChaosRun:
         stats = store.stats()
         figures.store = {"left_parked": stats.parked, "left_inflight": stats.inflight, "left_dead": stats.dead}
         figures.store |= {f"counter_{name}": value for name, value in sorted(stats.counters.items())}
+        if self.once_on(lane):
+            # The executions the workers recorded (one per promoted delivery that ran, kept for the window).
+            figures.store["once_records"] = sum(
+                1 for space in store.shards for _ in store.client.scan_iter(space.key("once:*"), count=1000)
+            )
         for id in figures.lost:
             info = store.get(id)
             figures.lost_where[id] = self.find_in_broker(lane, id) if info is None else f"in the store: {info.state}"
@@ -520,7 +539,7 @@ class ChaosRun:
             "producer_refusals": {name: summary["refusals"] for name, summary in producers.items()},
         }
         outages = [asdict(o) | {"lanes": sorted(o.lanes)} for o in self.outages]
-        report = Report(self.scale_name, self.seed, wall, machine, [f.summary() for f in figures], events)
+        report = Report(self.scale_name, self.seed, wall, machine, [f.summary() for f in figures], events, self.once)
         report.events["outage_seconds"] = [round((o["end_ms"] - o["start_ms"]) / 1000, 1) for o in outages]
         return report
 

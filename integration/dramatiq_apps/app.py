@@ -21,6 +21,8 @@ Environment:
   DB_SLOW_IMPORT    optional: seconds each batch ``delay-broker import`` parks waits before leaving the broker
   DB_SENTINEL_URL   redis+sentinel:// URL of the RedisBroker's Redis (DB_BROKER=redis-sentinel); the store
                     lives in that master too
+  DB_ONCE           optional: set, the broker gets an OnceMiddleware (effectively-once execution)
+  DB_PROMOTE        optional: "0", the workers run no promoter thread (the test promotes)
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ import redis
 from dramatiq.errors import Retry
 from dramatiq.middleware import CurrentMessage
 
-from delay_broker.dramatiq import DelayMiddleware
+from delay_broker.dramatiq import DelayMiddleware, OnceMiddleware
 from delay_broker.far import FarTier
 
 LONG_RETRY_MS = 20 * 60 * 1000
@@ -128,8 +130,11 @@ def build(env: Mapping[str, str]) -> App:
         max_idle=1.0,
         lease=20.0,
         store_options=store_options,
+        promote_in_workers=env.get("DB_PROMOTE") != "0",
     )
     broker.add_middleware(middleware)
+    if env.get("DB_ONCE"):
+        broker.add_middleware(OnceMiddleware())
     app = App(broker, middleware)
     for queue in env["DB_QUEUES"].split(","):
         app.actors[queue] = declare_actors(broker, queue, record)
@@ -148,7 +153,8 @@ def declare_actors(broker: dramatiq.Broker, queue: str, record: Recorder) -> dic
     def run(token: str) -> int:
         message = current()
         retries = int(message.options.get("retries", 0))
-        record("run", token=token, id=message.message_id, retries=retries)
+        promotion = message.options.get("delay_broker_promotion")  # set by promoters when the broker has OnceMiddleware
+        record("run", token=token, id=message.message_id, retries=retries, promotion=promotion)
         return retries
 
     @dramatiq.actor(broker=broker, queue_name=queue, actor_name=f"record_{queue}")
@@ -163,12 +169,25 @@ def declare_actors(broker: dramatiq.Broker, queue: str, record: Recorder) -> dic
         if run(token) == 0:
             raise RuntimeError("first attempt fails on purpose")
 
+    # The same with a backoff below a 1 s threshold: the retry goes straight to the broker, not parked again.
+    @dramatiq.actor(
+        broker=broker,
+        queue_name=queue,
+        actor_name=f"flaky_short_{queue}",
+        max_retries=1,
+        min_backoff=50,
+        max_backoff=100,
+    )
+    def flaky_short(token: str) -> None:
+        if run(token) == 0:
+            raise RuntimeError("first attempt fails on purpose")
+
     @dramatiq.actor(broker=broker, queue_name=queue, actor_name=f"retry_long_{queue}", max_retries=1)
     def retry_long(token: str) -> None:
         if run(token) == 0:
             raise Retry("try again in 20 minutes", delay=LONG_RETRY_MS)
 
-    return {"record": record_run, "flaky": flaky, "retry_long": retry_long}
+    return {"record": record_run, "flaky": flaky, "flaky_short": flaky_short, "retry_long": retry_long}
 
 
 if os.environ.get("DB_SLOW_IMPORT"):
