@@ -26,22 +26,8 @@ from delay_broker.celery.config import CHECKS, CeleryOptions
 from delay_broker.celery.messages import parse_celery_time
 from delay_broker.embedded import EmbeddedRedis
 
+from .celery_apps import celery_app, make_app, store_of
 from .helpers import celery_envelope
-
-
-def make_app(server: EmbeddedRedis, unique: str, tz: str | None = None, **options: Any) -> Celery:
-    app = Celery(f"t{unique}", broker=server.url, set_as_current=False)
-    app.conf.task_default_queue = f"q-{unique}"
-    if tz:
-        app.conf.timezone = tz
-    app.conf.broker_transport_options = {"global_keyprefix": f"p{unique}:"}
-    install(app, threshold=1.0, namespace=f"n-{unique}", **options)
-
-    @app.task(name="t.add", shared=False)
-    def add(x: int, y: int) -> int:
-        return x + y
-
-    return app
 
 
 @pytest.fixture
@@ -51,18 +37,8 @@ def unique() -> str:
 
 @pytest.fixture
 def app(redis_server: EmbeddedRedis, unique: str) -> Iterator[Celery]:
-    app = make_app(redis_server, unique)
-    yield app
-    client = redis_server.client()
-    keys = list(client.scan_iter(f"p{unique}:*")) + list(client.scan_iter(f"delay_broker:{{n-{unique}}}:*"))
-    if keys:
-        client.delete(*keys)
-    app.close()
-
-
-def store_of(app: Celery, server: EmbeddedRedis) -> DelayStore:
-    namespace = app.conf.broker_transport_options["delay_broker"]["namespace"]
-    return DelayStore(server.client(), namespace=namespace)
+    with celery_app(redis_server, unique) as app:
+        yield app
 
 
 # -- options -----------------------------------------------------------------------------------------------------

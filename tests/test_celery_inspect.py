@@ -18,7 +18,7 @@ from celery.worker.control import Panel
 from kombu.asynchronous.timer import Timer
 
 from delay_broker import DelayStore, Envelope
-from delay_broker.celery import install, parse_options
+from delay_broker.celery import parse_options
 from delay_broker.celery.bootstep import ControlStep, PromoterStep
 from delay_broker.celery.config import CeleryOptions
 from delay_broker.celery.control import CLAIM_TTL, RecordsBroadcasts, install_control
@@ -27,18 +27,7 @@ from delay_broker.celery.messages import encode_amqp
 from delay_broker.claims import claim
 from delay_broker.embedded import EmbeddedRedis
 
-
-def make_app(server: EmbeddedRedis, unique: str, **options: Any) -> Celery:
-    app = Celery(f"t{unique}", broker=server.url, set_as_current=False)
-    app.conf.task_default_queue = f"q-{unique}"
-    app.conf.broker_transport_options = {"global_keyprefix": f"p{unique}:"}
-    install(app, threshold=1.0, namespace=f"n-{unique}", **options)
-
-    @app.task(name="t.add", shared=False)
-    def add(x: int, y: int, **labels: str) -> int:
-        return x + y
-
-    return app
+from .celery_apps import celery_app, make_app, store_of
 
 
 @pytest.fixture
@@ -48,17 +37,8 @@ def unique() -> str:
 
 @pytest.fixture
 def app(redis_server: EmbeddedRedis, unique: str) -> Iterator[Celery]:
-    app = make_app(redis_server, unique)
-    yield app
-    client = redis_server.client()
-    keys = list(client.scan_iter(f"p{unique}:*")) + list(client.scan_iter(f"delay_broker:{{n-{unique}}}:*"))
-    if keys:
-        client.delete(*keys)
-    app.close()
-
-
-def store_of(app: Celery, server: EmbeddedRedis) -> DelayStore:
-    return DelayStore(server.client(), namespace=app.conf.broker_transport_options["delay_broker"]["namespace"])
+    with celery_app(redis_server, unique) as app:
+        yield app
 
 
 def worker_node(app: Celery, hostname: str) -> Any:
