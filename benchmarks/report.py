@@ -20,10 +20,10 @@ from typing import Any
 from .common import HERE, Lateness, fmt, median
 
 TARGETS = {
-    "drain_ratio": (">=", 0.7),
+    "drain_ratio": (">=", 0.8),
     "publish_ratio_rabbitmq": (">=", 0.9),
     "publish_ratio_sqs": (">=", 0.9),
-    "park_ratio": ("<=", 1.0),
+    "park_ratio": ("<=", 1.1),
     "lateness_p50_ms": ("<=", 2.0),
     "lateness_p99_ms": ("<=", 5.0),
     "worker_rss_growth_mb": ("<=", 5.0),
