@@ -147,6 +147,31 @@ def test_park_many_parks_thousands_in_chunks(store):
     assert store.stats().parked == 2500
 
 
+def test_park_many_made_of_calls_sent_while_the_next_is_built_loses_nothing_when_the_scripts_are_gone(store, client):
+    """A batch of several calls overlaps them: each is built while the server runs the one before. The server's
+    script cache flushed: the first call is refused (NOSCRIPT) after it was sent, and is made again whole."""
+    store.park("first", envelope(), delay=60)  # the scripts loaded, then forgotten
+    client.script_flush()
+    ids = [f"job-{n}" for n in range(2500)]
+    results = store.park_many([ParkRequest(id, envelope(id.encode()), delay=60) for id in ids])
+    assert [result.id for result in results] == ids and {result.outcome for result in results} == {"new"}
+    stats = store.stats()
+    assert stats.parked == 2501 and stats.counters["parked"] == 2501
+    assert store.get("job-2499").envelope.payload == b"job-2499"
+
+
+def test_a_refused_batch_of_several_calls_says_why_as_one_call_does_and_writes_nothing(store, client):
+    client.set(store.keys.due, "not a sorted set")
+    with pytest.raises(DelayBrokerError, match="WRONGTYPE") as one:
+        store.park_many([ParkRequest(f"job-{n}", envelope(), delay=60) for n in range(10)])
+    with pytest.raises(DelayBrokerError, match="WRONGTYPE") as many:
+        store.park_many([ParkRequest(f"job-{n}", envelope(), delay=60) for n in range(2500)])
+    assert type(many.value) is type(one.value) and str(many.value) == str(one.value)
+    client.delete(store.keys.due)
+    assert store.stats().parked == 0 and store.get("job-0") is None
+    assert client.ping(), "the connection a refused call was sent on serves again"
+
+
 def test_fifo_within_one_millisecond(store, client, ready_key):
     due = datetime.now(timezone.utc) - timedelta(seconds=1)
     ids = [f"job-{n:04d}" for n in range(300)]

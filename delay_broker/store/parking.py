@@ -15,7 +15,7 @@ from .encoding import Due, Parcel
 from .layouts import View
 from .rehoming import LAYOUT_TRIES, Rehoming
 from .replies import chunks, text
-from .runner import Runner
+from .runner import ByIdCall, Runner
 from .shards import Shards
 
 logger = logging.getLogger("delay_broker.store")
@@ -129,12 +129,14 @@ class RedisParking:
             for position, result in enumerate(results):
                 if result is None:
                     groups.setdefault(view.home(parcels[position].id), []).append(position)
+            calls = [(shard, chunk) for shard, positions in groups.items() for chunk in chunks(positions)]
             try:
-                for shard, positions in groups.items():
-                    for chunk in chunks(positions):
+                if len(calls) > 1 and self._overlapping(view):
+                    self._park_overlapped(view, calls, parcels, results, on_conflict, retire)
+                for shard, chunk in calls:
+                    if results[chunk[0]] is None:
                         parked = self._park_home(view, shard, [parcels[p] for p in chunk], on_conflict, retire)
-                        for position, one in zip(chunk, parked, strict=True):
-                            results[position] = one
+                        _record(results, chunk, parked)
             except LayoutChanged as changed:
                 if attempt == LAYOUT_TRIES - 1:
                     raise
@@ -142,6 +144,46 @@ class RedisParking:
                 continue
             break
         return results  # type: ignore[return-value]
+
+    def _overlapping(self, view: View) -> bool:
+        """Whether a batch's calls may overlap (see :meth:`_park_overlapped`): on one server, no replicas to wait
+        for, no reshard under way (whose parks look at two homes)."""
+        return not (view.resharding or self.shards.cluster or self.runner.replication.replicas)
+
+    def _park_overlapped(
+        self,
+        view: View,
+        calls: list[tuple[int, list[int]]],
+        parcels: list[Parcel],
+        results: list[ParkResult | None],
+        on_conflict: OnConflict,
+        retire: Sequence[int],
+    ) -> None:
+        """The chunks' park.lua calls one after another, as :meth:`park` makes them, each built while the server
+        runs the one before: a park's client work overlaps the server's, as a pipeline's does. A chunk is sent only
+        once the one before has been answered, so a refusal stops the batch where it did."""
+        head = [on_conflict, self.max_delay_arg, self.pack.min_ahead_ms, " ".join(map(str, retire)), view.generation]
+        sent: tuple[int, list[int], ByIdCall] | None = None  # a call holds a connection from its send to its reply
+        try:
+            for shard, chunk in calls:
+                call = self._by_id_call("park", shard, [parcels[p] for p in chunk], head)
+                answered = (sent[0], sent[1], sent[2].reply()) if sent is not None else None
+                sent = None
+                call.send()
+                sent = (shard, chunk, call)
+                if answered is not None:  # read while the server runs the next call
+                    self._answered(results, parcels, *answered)
+            if sent is not None:
+                answered, sent = (sent[0], sent[1], sent[2].reply()), None
+                self._answered(results, parcels, *answered)
+        finally:
+            if sent is not None:
+                sent[2].close()
+
+    def _answered(
+        self, results: list[ParkResult | None], parcels: list[Parcel], shard: int, chunk: list[int], reply: Any
+    ) -> None:
+        _record(results, chunk, self._parked(shard, [parcels[p] for p in chunk], reply))
 
     def park_occurrence(self, schedule: str, parcel: Parcel, revision: int | None) -> ParkResult:
         """Park a schedule's occurrence in shard 0 (see :meth:`DelayStore.park_occurrence`)."""
@@ -224,13 +266,29 @@ class RedisParking:
         self, script: str, shard: int, chunk: list[Parcel], head: list[Any], *, replicas: int | None = None
     ) -> list[ParkResult]:
         """A call of one of the park scripts, which all take the messages after ``head`` and answer alike."""
+        ids, args, targets, binaries = self._park_arguments(shard, chunk, head)
+        reply = self.runner.by_id(script, shard, ids, args, targets=targets, replicas=replicas, binaries=binaries)
+        return self._parked(shard, chunk, reply)
+
+    def _by_id_call(self, script: str, shard: int, chunk: list[Parcel], head: list[Any]) -> ByIdCall:
+        """:meth:`_park_call` to be sent and answered later (see :meth:`Runner.by_id_call`)."""
+        ids, args, targets, binaries = self._park_arguments(shard, chunk, head)
+        return self.runner.by_id_call(script, shard, ids, args, targets=targets, binaries=binaries)
+
+    def _park_arguments(
+        self, shard: int, chunk: list[Parcel], head: list[Any]
+    ) -> tuple[list[str], list[Any], list[str], list[bytes]]:
+        """A park script call's ids, arguments (``head``, then each message's), target packs and 16-byte ids."""
         args = list(head)
         for parcel in chunk:
             args.extend((parcel.id, parcel.due.wire, parcel.record))
         ids = [parcel.id for parcel in chunk]
         binaries = [binary_id(id) for id in ids]
-        targets = self.pack_targets(shard, [parcel.due for parcel in chunk], binaries)
-        reply = self.runner.by_id(script, shard, ids, args, targets=targets, replicas=replicas, binaries=binaries)
+        return ids, args, self.pack_targets(shard, [parcel.due for parcel in chunk], binaries), binaries
+
+    def _parked(self, shard: int, chunk: list[Parcel], reply: Any) -> list[ParkResult]:
+        """What a park script's ``reply`` says of each message of ``chunk``, its wake relayed, an index partition
+        filled past its size split and damaged packs reported."""
         woke, over, fullest, damaged = reply[-4:]
         self.shards.relay_wake(shard, woke)
         if int(over) >= 0:
@@ -336,3 +394,8 @@ class RedisParking:
             reply = self.runner.by_id("held", shard, chunk, chunk, write=False)
             held.update((id, int(due)) for id, due in zip(chunk, reply, strict=True) if int(due) != -2)
         return held
+
+
+def _record(results: list[ParkResult | None], positions: list[int], parked: list[ParkResult]) -> None:
+    for position, one in zip(positions, parked, strict=True):
+        results[position] = one

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import logging
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import redis
@@ -168,16 +168,11 @@ class Runner:
         space = self.shards.space(shard, name)
         if binaries is None:
             binaries = [binary_id(id) for id in ids]
-        binaries_arg = b"".join(binaries)
         where: list[Location | None] = [None] * len(ids) if packed is None else list(packed)
         for _ in range(PACK_CALLS):
-            shape = self.shape(shard)
-            extra, places = self._id_keys(space, shape, binaries, where, targets)
-            locations = " ".join(NOWHERE if location is None else str(location) for location in where)
-            key_map = struct.pack(f"<{len(places)}H", *places)
-            arguments = [*args, str(shape), binaries_arg, locations, key_map]
+            extra, arguments = self._by_id_arguments(space, shard, args, binaries, where, targets)
             try:
-                return self.run(name, shard, arguments, extra=list(extra), write=write, replicas=replicas)
+                return self.run(name, shard, arguments, extra=extra, write=write, replicas=replicas)
             except PackedElsewhere as elsewhere:
                 for position, location in elsewhere.locations.items():
                     where[position - 1] = location
@@ -187,6 +182,45 @@ class Runner:
             f"{name}: the messages kept moving between packs and the ordinary layout over {PACK_CALLS} calls; "
             "doing it again is safe"
         )
+
+    def _by_id_arguments(
+        self,
+        space: Keyspace,
+        shard: int,
+        args: Sequence[Any],
+        binaries: Sequence[bytes],
+        where: Sequence[Location | None],
+        targets: Sequence[str] | None,
+    ) -> tuple[list[str], list[Any]]:
+        """A by-id call's keys after the shard's and its arguments: ``args``, then the trailer (see
+        ``by_id_trailer`` in Lua)."""
+        shape = self.shape(shard)
+        extra, places = self._id_keys(space, shape, binaries, where, targets)
+        locations = " ".join(NOWHERE if location is None else str(location) for location in where)
+        key_map = struct.pack(f"<{len(places)}H", *places)
+        return list(extra), [*args, str(shape), b"".join(binaries), locations, key_map]
+
+    def by_id_call(
+        self,
+        name: str,
+        shard: int,
+        ids: Sequence[str],
+        args: Sequence[Any],
+        *,
+        targets: Sequence[str],
+        binaries: Sequence[bytes],
+    ) -> ByIdCall:
+        """:meth:`by_id` in steps, so that a caller builds its next call while the server runs this one: the first
+        call's arguments now, then :meth:`ByIdCall.send` and :meth:`ByIdCall.reply`. For a write on one server
+        with no replicas to wait for (not a Cluster: see :meth:`run`)."""
+        client = self.shards.client
+        if not isinstance(client, redis.Redis):  # a Cluster's calls need their slot's guard and redirects: run()
+            raise ValueError("by_id_call is for one server, not a Redis Cluster")
+        space = self.shards.space(shard, name)
+        extra, arguments = self._by_id_arguments(space, shard, args, binaries, [None] * len(ids), targets)
+        keys = [*space.keys_of(scripts.keys_used(name)), *extra]
+        command = ("EVALSHA", self._scripts[name].sha, len(keys), *keys, *arguments)
+        return ByIdCall(lambda: self.by_id(name, shard, ids, args, targets=targets, binaries=binaries), command, client)
 
     def _id_keys(
         self,
@@ -236,3 +270,61 @@ class Runner:
                 wanted -= len(pairs)
         except DelayBrokerError as error:
             logger.debug("Store %r: splitting the packed index failed: %s", self.shards.keys.namespace, error)
+
+
+class ByIdCall:
+    """A by-id script call built now, sent and answered later (:meth:`Runner.by_id_call`): a caller's work between
+    :meth:`send` and :meth:`reply` overlaps the server's. It holds a connection of the pool from its send to its
+    reply only. Only the script's own answer is taken from the connection; anything else (a refusal, the script
+    missing, a lost connection) and the call is made again as :meth:`Runner.by_id` makes it, which follows packed
+    ids and says what went wrong as it always does: the scripts write nothing when they refuse, and a park made
+    again replaces itself."""
+
+    def __init__(self, again: Callable[[], Any], command: tuple[Any, ...], client: redis.Redis) -> None:
+        self._again = again
+        self._command = command
+        self._pool = client.connection_pool
+        self._parse: Callable[..., Any] = client.parse_response
+        self._connection: Any = None
+        self._unread = False
+
+    def send(self) -> None:
+        try:
+            try:
+                self._connection = self._pool.get_connection()
+            except TypeError:  # redis-py before 5.3 asks for the command's name
+                self._connection = self._pool.get_connection("EVALSHA")
+        except RedisFailure:
+            return  # reply() makes the call as by_id does, and says what went wrong
+        self._unread = True  # from the first byte sent
+        try:
+            self._connection.send_command(*self._command)
+        except BaseException as error:
+            self.close()
+            if not isinstance(error, RedisFailure):
+                raise  # else reply() makes the call again
+
+    def reply(self) -> Any:
+        if self._connection is not None:
+            try:
+                reply = self._parse(self._connection, "EVALSHA")
+            except redis.ResponseError:
+                self._unread = False  # read whole: the connection can serve again
+            except BaseException as error:
+                if not isinstance(error, RedisFailure):
+                    self.close()
+                    raise
+            else:
+                self._unread = False
+                self.close()
+                return reply
+            self.close()
+        return self._again()
+
+    def close(self) -> None:
+        """Give the connection back; one whose answer was not read is dropped, so that no later command reads it."""
+        connection, self._connection = self._connection, None
+        if connection is not None:
+            if self._unread:
+                connection.disconnect()
+            self._pool.release(connection)
