@@ -99,3 +99,16 @@ def threads_running(
         alive = [thread.name for thread in threads if thread.is_alive()]
         if alive:
             left_running(alive)
+
+
+@contextlib.contextmanager
+def running_worker(broker: Any, threads: int = 2) -> Iterator[Any]:
+    """A real Dramatiq worker on ``broker`` (a StubBroker in these tests), stopped afterwards."""
+    import dramatiq  # only the Dramatiq tests need it
+
+    worker = dramatiq.Worker(broker, worker_timeout=100, worker_threads=threads)
+    worker.start()
+    try:
+        yield worker
+    finally:
+        worker.stop(timeout=5000)

@@ -25,7 +25,7 @@ from delay_broker import ConfigurationError, DelayStore
 from delay_broker.dramatiq import DelayMiddleware, OnceMiddleware
 from delay_broker.once import DROPPED_COUNTER, PROMOTION_MARK
 
-from .helpers import wait_for
+from .helpers import running_worker, wait_for
 
 
 @dataclass
@@ -93,12 +93,8 @@ def make_app(client: redis.Redis, namespace: str, *, once: bool) -> App:
 @pytest.fixture(params=[True, False], ids=["once", "without"])
 def app(request: pytest.FixtureRequest, client: redis.Redis, namespace: str) -> Iterator[App]:
     app = make_app(client, namespace, once=request.param)
-    worker = dramatiq.Worker(app.broker, worker_timeout=100, worker_threads=2)
-    worker.start()
-    try:
+    with running_worker(app.broker):
         yield app
-    finally:
-        worker.stop(timeout=5000)
 
 
 def deliver_without_acknowledging(app: App, count: int) -> None:

@@ -22,7 +22,7 @@ from redis.retry import Retry as RedisRetry
 from delay_broker.dramatiq import DelayMiddleware
 from delay_broker.embedded import free_port
 
-from .helpers import wait_for
+from .helpers import running_worker, wait_for
 from .test_dramatiq_stub import App, make_app, now_ms
 
 
@@ -45,12 +45,8 @@ def app(client: redis.Redis, namespace: str) -> App:
 
 @pytest.fixture
 def worker(app: App) -> Iterator[dramatiq.Worker]:
-    worker = dramatiq.Worker(app.broker, worker_timeout=100, worker_threads=2)
-    worker.start()
-    try:
+    with running_worker(app.broker) as worker:
         yield worker
-    finally:
-        worker.stop(timeout=5000)
 
 
 def test_a_received_message_due_later_than_the_threshold_is_parked_not_held(app: App) -> None:

@@ -30,7 +30,7 @@ from delay_broker.cron import occurrence_id
 from delay_broker.dramatiq import DEFAULT_THRESHOLD, DelayMiddleware, build_promoter, delay_ms
 from delay_broker.embedded import free_port
 
-from .helpers import wait_for
+from .helpers import running_worker, wait_for
 
 
 def now_ms() -> int:
@@ -99,12 +99,8 @@ def app(client: redis.Redis, namespace: str) -> App:
 
 @pytest.fixture
 def worker(app: App) -> Iterator[dramatiq.Worker]:
-    worker = dramatiq.Worker(app.broker, worker_timeout=100, worker_threads=2)
-    worker.start()
-    try:
+    with running_worker(app.broker) as worker:
         yield worker
-    finally:
-        worker.stop(timeout=5000)
 
 
 def send(app: App, token: str, **options: Any) -> dramatiq.Message[Any]:
