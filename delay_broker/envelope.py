@@ -80,8 +80,7 @@ class Envelope:
                 parts.append(_short(self.hash_field.encode(), "hash field"))
         if self.extra:
             flags |= _EXTRAS
-            extras = json.dumps(self.extra, separators=(",", ":"), ensure_ascii=True).encode("ascii")
-            parts.append(len(extras).to_bytes(4, "big") + extras)
+            parts.append(_extras_field(self.extra))
         fixed = _FIXED.pack(_V2, flags, parked_at >> 32, parked_at & 0xFFFFFFFF)
         return b"".join((fixed, *parts, self.payload))
 
@@ -106,6 +105,23 @@ class Envelope:
         if raw[:1] == b"\x02":
             return _decode_v2(raw)
         return _decode_v1(raw)
+
+
+def _extras_field(extra: dict[str, Any]) -> bytes:
+    """The extras as a version 2 header holds them: length, then JSON."""
+    if all(type(key) is str and type(value) is str for key, value in extra.items()):
+        return _text_extras_field(tuple(extra.items()))  # a Celery task's queue: the same for every message
+    return _encode_extras_field(extra)
+
+
+@functools.lru_cache(maxsize=1024)
+def _text_extras_field(items: tuple[tuple[str, str], ...]) -> bytes:
+    return _encode_extras_field(dict(items))
+
+
+def _encode_extras_field(extra: dict[str, Any]) -> bytes:
+    extras = json.dumps(extra, separators=(",", ":"), ensure_ascii=True).encode("ascii")
+    return len(extras).to_bytes(4, "big") + extras
 
 
 @functools.lru_cache(maxsize=1024)

@@ -158,6 +158,25 @@ def test_naive_eta_is_read_exactly_as_the_worker_reads_it() -> None:
     assert parse_celery_time("not a date") is None
 
 
+@pytest.mark.parametrize(
+    "value",
+    [
+        "2030-01-01T12:00:00.123456+00:00",  # what Celery writes: eta.isoformat()
+        "2030-01-01T12:00:00+05:30",
+        "2030-01-01T12:00:00.500000",
+        "2030-01-01T12:00:00Z",  # not isoformat's own text: dateutil reads it
+        "2030-01-01 12:00:00",
+        "20300101T120000",
+        "2030-01-01T12:00:00.123+00:00",
+        "2030-01-01",
+    ],
+)
+def test_every_eta_text_gives_the_instant_celery_reads(value: str) -> None:
+    celery_view = maybe_make_aware(maybe_iso8601(value), timezone.utc)
+    ours = parse_celery_time(value)
+    assert ours is not None and ours == celery_view and ours.utcoffset() == celery_view.utcoffset()
+
+
 @pytest.mark.parametrize("tz", [None, "Europe/Berlin", "America/New_York"])
 def test_countdown_and_eta_give_the_right_due_time(redis_server: EmbeddedRedis, unique: str, tz: str | None) -> None:
     app = make_app(redis_server, unique, tz=tz)

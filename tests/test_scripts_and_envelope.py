@@ -85,6 +85,13 @@ def test_envelope_round_trip_keeps_payload_bytes_opaque(envelope, version):
     assert Envelope.decode(envelope.encode(version=version)) == envelope
 
 
+def test_extras_that_compare_equal_but_encode_apart_are_never_confused():
+    # Text extras (a Celery task's queue) are encoded once and reused: 1 == True == 1.0 must not share that.
+    for value in ("q", 1, True, 1.0, "1", "q"):
+        read = Envelope.decode(Envelope(route="r", payload=b"p", extra={"k": value}).encode()).extra["k"]
+        assert read == value and type(read) is type(value)
+
+
 @pytest.mark.parametrize(
     ("raw", "message"),
     [

@@ -119,7 +119,8 @@ class Parker:
                 info.expires.isoformat(),
                 due.isoformat(),
             )
-        logger.debug("delay_broker: parked %s[%s] until %s on %r", info.name, info.id, due.isoformat(), route)
+        if logger.isEnabledFor(logging.DEBUG):  # not an isoformat for every delayed send
+            logger.debug("delay_broker: parked %s[%s] until %s on %r", info.name, info.id, due.isoformat(), route)
         return True
 
     def cancel_revoked(self, ids: list[str]) -> int:
