@@ -633,6 +633,26 @@ def test_lateness_counted_by_bucket_is_what_each_message_says(client, namespace,
     assert counts == {"10": 0, "100": 0, "1000": 2, "10000": 3, "60000": 2, "more": 1}
 
 
+def test_promotion_takes_exactly_the_due_head_and_spells_each_hash_field_as_parked(client, namespace):
+    """promote_list.lua removes the due messages by rank and spells a 16-byte hash field back as its UUID text:
+    the ids it pushes are those parked, whatever their bytes (0x00, 0x7f, 0x80, 0xff at every position), and what
+    is not due stays parked."""
+    store = DelayStore(client, namespace=namespace)
+    fields = [str(uuid.UUID(bytes=bytes([value]) * 16)) for value in (0x00, 0x01, 0x7F, 0x80, 0xFF)]
+    fields += [str(uuid.UUID(bytes=bytes(range(16)))), str(uuid.UUID(bytes=bytes(range(255, 239, -1))))]
+    fields += [str(uuid.uuid4()) for _ in range(50)]
+    now = datetime.now(timezone.utc)
+    for n, field in enumerate(fields):
+        parked = Envelope(route="q", payload=field.encode(), hash_field=field)
+        store.park(f"m{n}", parked, due=now - timedelta(milliseconds=n))
+    store.park("later", Envelope(route="q", payload=b"later", hash_field=str(uuid.uuid4())), delay=3600)
+    target = ListTarget(f"{namespace}:q", mode="hash", hash_key=f"{namespace}:q.msgs")
+    assert store.promote_direct({"q": target}, 1000, "p").promoted == len(fields)
+    assert sorted(client.lrange(f"{namespace}:q", 0, -1)) == sorted(field.encode() for field in fields)
+    assert client.hgetall(f"{namespace}:q.msgs") == {field.encode(): field.encode() for field in fields}
+    assert [info.id for info in store.iter_all()] == ["later"]
+
+
 @pytest.mark.parametrize("shards", [1, 3])
 def test_listings_can_leave_payloads_in_redis(client: redis.Redis, namespace: str, shards: int):
     # What `ls`, `dead ls` and the dashboard show is the header: a page of 1 MB messages must not cost Redis
