@@ -172,8 +172,12 @@ def test_naive_eta_is_read_exactly_as_the_worker_reads_it() -> None:
     ],
 )
 def test_every_eta_text_gives_the_instant_celery_reads(value: str) -> None:
-    celery_view = maybe_make_aware(maybe_iso8601(value), timezone.utc)
     ours = parse_celery_time(value)
+    try:
+        celery_view = maybe_make_aware(maybe_iso8601(value), timezone.utc)
+    except ValueError:  # Celery 5.3 reads with datetime.fromisoformat, which Python 3.10 limits to isoformat's text
+        assert ours is None, "a text this Celery's workers cannot read is not parked"
+        return
     assert ours is not None and ours == celery_view and ours.utcoffset() == celery_view.utcoffset()
 
 
