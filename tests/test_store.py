@@ -633,8 +633,8 @@ def test_lateness_counted_by_bucket_is_what_each_message_says(client, namespace,
     assert counts == {"10": 0, "100": 0, "1000": 2, "10000": 3, "60000": 2, "more": 1}
 
 
-def test_promotion_takes_exactly_the_due_head_and_spells_each_hash_field_as_parked(client, namespace):
-    """promote_list.lua removes the due messages by rank and spells a 16-byte hash field back as its UUID text:
+def test_promotion_takes_exactly_the_due_messages_and_spells_each_hash_field_as_parked(client, namespace):
+    """promote_list.lua takes the due messages and spells a 16-byte hash field back as its UUID text:
     the ids it pushes are those parked, whatever their bytes (0x00, 0x7f, 0x80, 0xff at every position), and what
     is not due stays parked."""
     store = DelayStore(client, namespace=namespace)

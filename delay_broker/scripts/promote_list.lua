@@ -152,9 +152,7 @@ if ready > 0 then
         end
     end
 
-    -- The ids are the first of DUE by rank (count_due counted that many due): removed by rank, without a look-up
-    -- of each member.
-    redis.call('ZREMRANGEBYRANK', DUE, 0, #ids - 1)
+    redis.call('ZREM', DUE, unpack(ids))
     redis.call('HDEL', MSG, unpack(ids))
     -- Attempts and errors exist only for messages that failed before: skip the work when there are none.
     if redis.call('EXISTS', ATTEMPTS) == 1 then
