@@ -122,3 +122,54 @@ def test_effectively_once_allows_no_duplicate_and_reports_the_drops() -> None:
         kills=[kill], outages=[], once=True,
     )  # fmt: skip
     assert slipped.duplicates["promoter_kill"] == ["a"] and slipped.duplicated == 1 and not slipped.ok()
+
+
+def test_effectively_once_allows_the_copies_of_a_run_whose_record_a_failover_took() -> None:
+    """The guarantee runs twice what ran while the store failed over (its record lost with the old master's last
+    writes, or not written while the store did not answer): a batch per failover, named ``failover``. The same copy
+    of a run long before the failover is a promoter kill's, which effectively once must drop."""
+    leased = frozenset({"a", "b"})
+    kill = Kill("lane", 48_000, frozenset({99}), leased)
+    failover = Outage("failover", "sentinel", frozenset({"lane"}), 50_000, 53_000)
+    sent = dict.fromkeys(leased, 1_000)
+    runs = [run("a", 51_000), run("a", 66_000), run("b", 57_500), run("b", 72_000)]
+    figures = check_lane(
+        "lane", exactly_once=False, batch=20, sent=sent, runs=runs, kills=[kill], outages=[failover], once=True
+    )
+    assert sorted(figures.duplicates["failover"]) == ["a", "b"], "during it, and within the margin after it"
+    assert figures.duplicate_bound == 20 and figures.ok()
+    assert figures.summary()["duplicate_runs"] == {"a": [(51_000, 1), (66_000, 1)], "b": [(57_500, 1), (72_000, 1)]}
+    long_before = check_lane(
+        "lane", exactly_once=False, batch=20, sent=sent, runs=[run("a", 30_000), run("a", 66_000), run("b", 30_000)],
+        kills=[kill], outages=[failover], once=True,
+    )  # fmt: skip
+    assert long_before.duplicates["promoter_kill"] == ["a"] and not long_before.ok()
+    without_once = check_lane(
+        "lane", exactly_once=False, batch=20, sent=sent, runs=[run("a", 30_000), run("a", 66_000), run("b", 30_000)],
+        kills=[], outages=[failover],
+    )  # fmt: skip
+    assert without_once.duplicates["failover"] == ["a"], "at least once: an unreplicated acknowledgement, 60 s back"
+    too_far = check_lane(
+        "lane", exactly_once=False, batch=20, sent=sent, runs=[run("a", 40_000), run("a", 66_000), run("b", 30_000)],
+        kills=[], outages=[failover], once=True,
+    )  # fmt: skip
+    assert too_far.duplicates["unexplained"] == ["a"] and not too_far.ok()
+
+
+def test_a_failed_targets_duplicates_are_printed_against_its_kills_and_outages() -> None:
+    from integration.chaos.run import Report
+
+    target = {
+        "target": "lane", "ok": False, "lateness_ms": {"p50": 1, "p99": 2, "max": 3}, "by_cause": {"promoter_kill": 1},
+        "duplicate_runs": {"a": [(12_000, 7), (27_500, 8)]},
+    }  # fmt: skip
+    report = Report("ci", 1, 60.0, {"summary": "here"}, [target])
+    report.timeline = {
+        "origin_ms": 10_000,
+        "kills": [{"lane": "lane", "at_ms": 13_000}, {"lane": "other", "at_ms": 14_000}],
+        "outages": [{"kind": "failover", "start_ms": 50_000, "end_ms": 53_500, "lanes": ["lane"]}],
+    }
+    assert list(report.duplicate_lines(target)) == [
+        "lane kills at s: 3.0; outages: failover 40.0-43.5 s",
+        "lane ran a at s: 2.0 (pid 7), 17.5 (pid 8)",
+    ]

@@ -159,6 +159,8 @@ class Report:
     targets: list[dict[str, Any]]
     events: dict[str, Any] = field(default_factory=dict)
     once: bool = True
+    timeline: dict[str, Any] = field(default_factory=dict)
+    """When the run began (``origin_ms``), its kills and its outages: what a duplicate's runs are read against."""
 
     @property
     def ok(self) -> bool:
@@ -180,6 +182,24 @@ class Report:
                 f"lateness_ms p50={late['p50']} p99={late['p99']} max={late['max']} {'ok' if t['ok'] else 'FAILED'}"
             )
         yield "totals: " + " ".join(f"{key}={value}" for key, value in self.events.items())
+        for t in self.targets:
+            if not t["ok"]:
+                yield from self.duplicate_lines(t)
+
+    def duplicate_lines(self, target: dict[str, Any]) -> Iterator[str]:
+        """A failed target's duplicates, each run against the lane's kills and outages (seconds into the run)."""
+
+        def at(ms: int) -> str:
+            return f"{(ms - self.timeline.get('origin_ms', 0)) / 1000:.1f}"
+
+        lane = target["target"]
+        kills = [kill["at_ms"] for kill in self.timeline.get("kills", []) if kill["lane"] == lane]
+        outages = [o for o in self.timeline.get("outages", []) if lane in o["lanes"]]
+        yield f"{lane} kills at s: {', '.join(at(ms) for ms in kills) or 'none'}; outages: " + (
+            ", ".join(f"{o['kind']} {at(o['start_ms'])}-{at(o['end_ms'])} s" for o in outages) or "none"
+        )
+        for id, runs in target["duplicate_runs"].items():
+            yield f"{lane} ran {id} at s: " + ", ".join(f"{at(ms)} (pid {pid})" for ms, pid in runs)
 
 
 class ChaosRun:
@@ -198,6 +218,7 @@ class ChaosRun:
         self.producers: dict[str, subprocess.Popen[bytes]] = {}
         self.kills: list[Kill] = []
         self.outages: list[Outage] = []
+        self.origin_ms = now_ms()
         self.spawned = self.exited = 0
         self.stores: dict[str, DelayStore] = {}
         self.lock = threading.Lock()  # the workers list: the kill thread and the main thread both change it
@@ -404,7 +425,7 @@ class ChaosRun:
                 )
                 for lane in LANES
             }
-            t0 = time.monotonic()
+            t0, self.origin_ms = time.monotonic(), now_ms()
             self.start_producers()
             killer = threading.Thread(
                 target=self.kill_at, args=(self.kill_moments(), t0, random.Random(self.rng.random())), daemon=True
@@ -541,6 +562,11 @@ class ChaosRun:
         outages = [asdict(o) | {"lanes": sorted(o.lanes)} for o in self.outages]
         report = Report(self.scale_name, self.seed, wall, machine, [f.summary() for f in figures], events, self.once)
         report.events["outage_seconds"] = [round((o["end_ms"] - o["start_ms"]) / 1000, 1) for o in outages]
+        report.timeline = {
+            "origin_ms": self.origin_ms,
+            "kills": [{"lane": kill.lane, "at_ms": kill.at_ms} for kill in self.kills],
+            "outages": outages,
+        }
         return report
 
     def log(self, text: str) -> None:
