@@ -18,7 +18,10 @@ the batch again. The copies are the same message (same id, same payload). The ad
   running (two copies at the same moment: then both run, as without the record).
 
 Unmarked messages (everything an application sends itself, and what the exactly-once path promotes) cost one
-dictionary look-up. When the store cannot be reached the message runs unchecked: at least once is the fallback.
+dictionary look-up. A store that stops answering is asked again for :data:`PATIENCE_S` (a Sentinel failover is
+over by then); when it still cannot be reached the message runs unchecked: at least once is the fallback. With
+the store's ``replicas`` set, the ``d`` record is confirmed by the replicas like every write of the store, so a
+failover does not lose it with the old master's last writes.
 """
 
 from __future__ import annotations
@@ -27,9 +30,10 @@ import logging
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from enum import Enum
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import redis
 from redis.exceptions import RedisClusterException
@@ -64,10 +68,25 @@ RETRY_AFTER_S = 1.0
 """After the store failed to answer, messages run unchecked for this long before it is asked again: a store that
 is down costs each message one failed call at most once a second, not a timeout each."""
 
+PATIENCE_S = 5.0
+"""How long a worker asks again a store that answered until now before it runs a message unchecked, or leaves its
+record unconfirmed: a Sentinel failover (the old master read-only, the new one not yet named) or a replica's
+confirmation. A store already known to be down is asked once."""
+
+IMPATIENT_S = 60.0
+"""Once patience ran out (a store down for longer, a replica that stays away), calls are made once for this long:
+a worker stalls :data:`PATIENCE_S` at most once a minute, not on every message."""
+
+_PAUSE_S = 0.1
+"""Between two of those asks."""
+
 _LOGGED = 10_000
 """Ids whose drop a process remembers having logged: each is logged once (INFO), not once per copy."""
 
 _RUNNING, _DONE = b"r", b"d"
+
+_STORE_ERRORS = (redis.RedisError, RedisClusterException, DelayBrokerError)
+_T = TypeVar("_T")
 
 
 class Verdict(Enum):
@@ -88,6 +107,7 @@ class Execution:
     verdict: Verdict
     id: str
     key: str = ""
+    shard: int = 0
 
     @property
     def runs(self) -> bool:
@@ -163,6 +183,8 @@ class Executions:
         self.window = check_window(window)
         self._window_ms = max(1, round(self.window * 1000))
         self._down_until = 0.0
+        self._impatient_until = float("-inf")
+        """Until then a store call is made once: patience ran out on one (:data:`IMPATIENT_S`)."""
         self._warned_at = float("-inf")
         self._logged: OrderedDict[str, None] = OrderedDict()
         self._lock = threading.Lock()
@@ -179,19 +201,18 @@ class Executions:
         if time.monotonic() < self._down_until:
             return Execution(Verdict.UNCHECKED, id)
         try:
-            space = self.store.shards[self.store.shard_for(id)]
+            shard = self.store.shard_for(id)  # the layout is read from Redis on first use
+            space = self.store.shards[shard]
             key = space.once(id, promotion, attempt)
-            if self.store.client.set(key, _RUNNING, nx=True, px=self._window_ms):
-                return Execution(Verdict.RUN, id, key)
-            done = self.store.client.get(key) == _DONE
-        except (redis.RedisError, RedisClusterException, DelayBrokerError) as error:
+            claimed = self._patiently(self._claim, key)
+        except _STORE_ERRORS as error:
             self._unreachable(id, error)
             return Execution(Verdict.UNCHECKED, id)
-        if not done:
-            return Execution(Verdict.RERUN, id, key)
+        if claimed is not False:
+            return Execution(Verdict.RUN if claimed else Verdict.RERUN, id, key, shard)
         self._count_drop(id, space.stats)
         self._log_drop(id, promotion, attempt)
-        return Execution(Verdict.DUPLICATE, id, key)
+        return Execution(Verdict.DUPLICATE, id, key, shard)
 
     def end(self, execution: Execution, *, succeeded: bool) -> None:
         """The body of a delivery :meth:`begin` let run has returned (``succeeded``) or raised.
@@ -202,12 +223,35 @@ class Executions:
             return
         try:
             if succeeded:
-                self.store.client.set(execution.key, _DONE, px=self._window_ms)
+                # Durable with the store's replicas: the record a failover would lose is the one that drops copies.
+                self._patiently(self.store.set_record, execution.key, _DONE, self._window_ms, execution.shard)
             else:
-                self.store.client.delete(execution.key)
-        except (redis.RedisError, RedisClusterException) as error:
+                self._patiently(self.store.client.delete, execution.key)
+        except _STORE_ERRORS as error:
             # The record stays "r" (or, deleted, stays): a later copy runs, as at least once does.
             self._unreachable(execution.id, error)
+
+    def _claim(self, key: str) -> bool | None:
+        """True: recorded now; False: an earlier delivery ended (``d``); None: one began and has not."""
+        if self.store.client.set(key, _RUNNING, nx=True, px=self._window_ms):
+            return True
+        return False if self.store.client.get(key) == _DONE else None
+
+    def _patiently(self, call: Callable[..., _T], *args: Any) -> _T:
+        """``call(*args)``, made again for :data:`PATIENCE_S` while the store refuses it, unless patience ran out
+        lately."""
+        deadline = None
+        while True:
+            try:
+                return call(*args)
+            except _STORE_ERRORS:
+                now = time.monotonic()
+                if deadline is None:  # the first failure: the happy path reads no clock
+                    deadline = now if now < self._impatient_until else now + PATIENCE_S
+                if now + _PAUSE_S > deadline:
+                    self._impatient_until = max(self._impatient_until, now + IMPATIENT_S)
+                    raise
+                time.sleep(_PAUSE_S)
 
     def _count_drop(self, id: str, stats_key: str) -> None:
         if self._dropped is not None:

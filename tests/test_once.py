@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import signal
+import threading
 import time
 
 import pytest
@@ -11,8 +13,8 @@ from prometheus_client import CollectorRegistry
 from redis.backoff import NoBackoff
 from redis.retry import Retry as RedisRetry
 
-from delay_broker import ConfigurationError, DelayStore, Envelope
-from delay_broker.embedded import free_port
+from delay_broker import ConfigurationError, DelayStore, Envelope, once
+from delay_broker.embedded import EmbeddedRedis, free_port
 from delay_broker.once import (
     DEFAULT_WINDOW,
     DROPPED_COUNTER,
@@ -96,6 +98,80 @@ def test_a_store_that_cannot_be_reached_lets_messages_run_unchecked(caplog: pyte
     assert time.monotonic() - started < 2  # one failed call, then none for a second
     warnings = [r for r in caplog.records if "run unchecked (at least once)" in r.getMessage()]
     assert len(warnings) == 1 and "job-0" in warnings[0].getMessage()
+
+
+def test_a_store_that_stops_answering_for_a_moment_is_waited_for_not_skipped() -> None:
+    """A failover or a restart: the worker asks again for PATIENCE_S rather than run the message unchecked (a
+    copy of an unchecked run is not dropped), and its record is made once the store is back."""
+    with EmbeddedRedis() as server:
+        client = server.client(socket_connect_timeout=0.5, retry=RedisRetry(NoBackoff(), 0))
+        executions = Executions(DelayStore(client, shards=1), window=60)
+        executions.end(executions.begin("before", "17", 0), succeeded=True)
+        server.stop(kill=True)
+        back = threading.Timer(1.0, server.start)
+        back.start()
+        try:
+            started = time.monotonic()
+            during = executions.begin("during", "17", 0)
+            waited = time.monotonic() - started
+        finally:
+            back.join()
+        assert during.verdict is Verdict.RUN and 0.8 < waited < once.PATIENCE_S
+        executions.end(during, succeeded=True)
+        assert executions.begin("during", "17", 0).verdict is Verdict.DUPLICATE
+        client.close()
+
+
+def test_a_store_down_for_longer_costs_one_wait_then_runs_unchecked_at_once(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setattr(once, "PATIENCE_S", 0.5)
+    caplog.set_level(logging.WARNING, "delay_broker.once")
+    with EmbeddedRedis() as server:
+        client = server.client(socket_connect_timeout=0.5, retry=RedisRetry(NoBackoff(), 0))
+        executions = Executions(DelayStore(client, shards=1))
+        executions.begin("known", "17", 0)  # the store answered: the layout is known
+        server.stop(kill=True)
+        started = time.monotonic()
+        assert executions.begin("first", "17", 0).verdict is Verdict.UNCHECKED
+        assert 0.4 < time.monotonic() - started < 2
+        time.sleep(once.RETRY_AFTER_S)
+        started = time.monotonic()
+        assert executions.begin("later", "17", 0).verdict is Verdict.UNCHECKED
+        assert time.monotonic() - started < 0.4, "asked once: patience ran out a moment ago"
+        client.close()
+    assert len([r for r in caplog.records if "run unchecked (at least once)" in r.getMessage()]) == 1
+
+
+def test_with_replicas_a_finished_execution_is_recorded_on_the_replica_before_the_worker_goes_on() -> None:
+    """replicas=1: the record that drops a second copy is confirmed by the replica, so a failover keeps it. A
+    replica that lags is waited for (here: stopped for a second), not given up at its first timeout."""
+    with EmbeddedRedis(["--repl-diskless-sync-delay", "0"]) as master, EmbeddedRedis() as replica:
+        replica_client = replica.client()
+        replica_client.replicaof("127.0.0.1", master.port)
+        client = master.client()
+        deadline = time.monotonic() + 10
+        while client.wait(1, 100) < 1:
+            assert time.monotonic() < deadline, "the replica did not sync"
+        store = DelayStore(client, shards=1, replicas=1, replica_timeout=0.2)
+        executions = Executions(store, window=60)
+        first = executions.begin("job", "17", 0)
+        executions.end(first, succeeded=True)
+        assert replica_client.get(first.key) == b"d"
+        second = executions.begin("job-2", "17", 0)
+        assert replica.process is not None
+        replica.process.send_signal(signal.SIGSTOP)
+        resume = threading.Timer(1.0, replica.process.send_signal, [signal.SIGCONT])
+        resume.start()
+        try:
+            started = time.monotonic()
+            executions.end(second, succeeded=True)
+            waited = time.monotonic() - started
+        finally:
+            resume.join()
+        assert 0.8 < waited < once.PATIENCE_S and replica_client.get(second.key) == b"d"
+        client.close()
+        replica_client.close()
 
 
 def test_a_drop_is_logged_once_per_id_and_counted_in_prometheus(

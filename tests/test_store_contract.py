@@ -88,6 +88,8 @@ MEMBERS = {
     "wake": "(self, promoter_id: 'str') -> 'None'",
     "eviction_policies": "(self) -> 'dict[str, str]'",
     "forget_promoter": "(self, promoter_id: 'str') -> 'None'",
+    # Added after the redesign: effectively-once execution's records, durable with the store's replicas.
+    "set_record": "(self, key: 'str', value: 'bytes', ttl_ms: 'int', shard: 'int') -> 'None'",
     "requeue_dead": "(self, ids: 'Sequence[str] | None' = None, *, dead_by_ms: 'int | None' = None) -> 'Requeued'",
     "trims_dead": "property",
     "trim_dead": "(self, shard: 'int | None' = None) -> 'int'",

@@ -513,6 +513,19 @@ class DelayStore:
         """Remove a stopped promoter's heartbeats and stop marker."""
         self._promotion.forget_promoter(promoter_id)
 
+    # -- records beside the messages -------------------------------------------------------------------
+
+    def set_record(self, key: str, value: bytes, ttl_ms: int, shard: int) -> None:
+        """``SET key value PX ttl_ms`` on ``shard``'s master (``key`` one of the shard's, e.g. an execution
+        record), durable like the store's own writes: with ``replicas`` set, :class:`NotReplicated` unless they
+        confirm it in time (a failover then may lose it; setting it again is safe)."""
+        with self._shards.calling("writing a record"):
+            if not self.replicas:
+                self.client.set(key, value, px=ttl_ms)
+                return
+            space = self._shards.spaces[shard]
+            self._runner.replication.write("the record", space, lambda pipe: pipe.set(key, value, px=ttl_ms))
+
     # -- dead letters ----------------------------------------------------------------------------------
 
     def requeue_dead(self, ids: Sequence[str] | None = None, *, dead_by_ms: int | None = None) -> Requeued:
