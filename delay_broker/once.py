@@ -222,9 +222,11 @@ class Executions:
         if execution.verdict not in (Verdict.RUN, Verdict.RERUN):
             return
         try:
-            if succeeded:
-                # Durable with the store's replicas: the record a failover would lose is the one that drops copies.
+            if succeeded and self.store.replicas:
+                # Confirmed by the replicas: the record a failover would lose is the one that drops copies.
                 self._patiently(self.store.set_record, execution.key, _DONE, self._window_ms, execution.shard)
+            elif succeeded:
+                self._patiently(self.store.client.set, execution.key, _DONE, px=self._window_ms)
             else:
                 self._patiently(self.store.client.delete, execution.key)
         except _STORE_ERRORS as error:
@@ -237,13 +239,13 @@ class Executions:
             return True
         return False if self.store.client.get(key) == _DONE else None
 
-    def _patiently(self, call: Callable[..., _T], *args: Any) -> _T:
-        """``call(*args)``, made again for :data:`PATIENCE_S` while the store refuses it, unless patience ran out
-        lately."""
+    def _patiently(self, call: Callable[..., _T], *args: Any, **options: Any) -> _T:
+        """``call(*args, **options)``, made again for :data:`PATIENCE_S` while the store refuses it, unless patience
+        ran out lately."""
         deadline = None
         while True:
             try:
-                return call(*args)
+                return call(*args, **options)
             except _STORE_ERRORS:
                 now = time.monotonic()
                 if deadline is None:  # the first failure: the happy path reads no clock
