@@ -99,8 +99,7 @@ class DelayStore:
         self.pack_after_ms, self.max_delay_ms = options.pack.after_ms, options.max_delay_ms
         self.dead_max_count, self.dead_max_age_ms = dead_max_count, options.dead_max_age_ms
         self._shards = Shards(client, Keyspace(namespace, prefix), shards)
-        self.client = client
-        self.cluster = self._shards.cluster
+        self.client, self.cluster = client, self._shards.cluster
         self.keys = self._shards.keys
         """The keys of shard 0 (all of them when the namespace is not sharded)."""
         parts = Parts(self._shards, options)
@@ -164,11 +163,9 @@ class DelayStore:
         due: datetime | None = None,
         on_conflict: OnConflict = "replace",
     ) -> ParkResult:
-        """Park one message until ``delay`` from now (Redis clock) or until ``due``.
-
-        ``on_conflict="replace"`` (debounce) gives an id that is already stored the new payload and due time;
-        ``"keep"`` (dedup) leaves the stored one alone and reports it as kept.
-        """
+        """Park one message until ``delay`` from now (Redis clock) or until ``due``. ``on_conflict="replace"``
+        (debounce) gives an id that is already stored the new payload and due time; ``"keep"`` (dedup) leaves the
+        stored one alone and reports it as kept."""
         if on_conflict != "replace" or not self._tier.fast_path or tracing.active():
             return self.park_many([ParkRequest(id, envelope, delay=delay, due=due)], on_conflict=on_conflict)[0]
         # Every adapter's delayed send: one new id, untraced, in one call of the one-message scripts (sent with
@@ -177,10 +174,8 @@ class DelayStore:
         return self._park_one(parcel) or self._tier.park([parcel], on_conflict)[0]
 
     def park_many(self, requests: Iterable[ParkRequest], *, on_conflict: OnConflict = "replace") -> list[ParkResult]:
-        """Park many messages: one round trip per 1000 (per shard), each chunk all or nothing.
-
-        Every request is validated before anything is written.
-        """
+        """Park many messages: one round trip per 1000 (per shard), each chunk all or nothing. Every request is
+        validated before anything is written."""
         if on_conflict not in ("replace", "keep"):
             raise ValueError(f"on_conflict must be 'replace' or 'keep', got {on_conflict!r}")
         requests = list(requests)
@@ -513,18 +508,10 @@ class DelayStore:
         """Remove a stopped promoter's heartbeats and stop marker."""
         self._promotion.forget_promoter(promoter_id)
 
-    # -- records beside the messages -------------------------------------------------------------------
-
     def set_record(self, key: str, value: bytes, ttl_ms: int, shard: int) -> None:
-        """``SET key value PX ttl_ms`` on ``shard``'s master (``key`` one of the shard's, e.g. an execution
-        record), durable like the store's own writes: with ``replicas`` set, :class:`NotReplicated` unless they
-        confirm it in time (a failover then may lose it; setting it again is safe)."""
+        """``SET key value PX ttl_ms`` on ``shard``, confirmed by the ``replicas`` (else :class:`NotReplicated`)."""
         with self._shards.calling("writing a record"):
-            if not self.replicas:
-                self.client.set(key, value, px=ttl_ms)
-                return
-            space = self._shards.spaces[shard]
-            self._runner.replication.write("the record", space, lambda pipe: pipe.set(key, value, px=ttl_ms))
+            self._runner.replication.set(self._shards.spaces[shard], key, value, ttl_ms)
 
     # -- dead letters ----------------------------------------------------------------------------------
 

@@ -91,6 +91,11 @@ class Replication:
             )
         return reply
 
+    def set(self, space: Keyspace, key: str, value: bytes, ttl_ms: int) -> None:
+        """``SET key value PX ttl_ms`` on the shard's master, confirmed like every write (a record the store keeps
+        beside its messages, such as an execution's)."""
+        self.write("the record", space, lambda pipe: pipe.set(key, value, px=ttl_ms))
+
     def require(self, shard: int, doing: str) -> None:
         """Refuse to start ``doing`` on a master that has fewer in-sync replicas than ``replicas``."""
         if not self.replicas:
