@@ -91,6 +91,10 @@ SCRIPT_COMMANDS = (
 
 NEEDED = CLIENT_COMMANDS + SCRIPT_COMMANDS
 
+FASTER_WITH = ("zremrangebyrank",)
+"""In the documented line, not needed: promotion removes the due head by rank with it (Redis 7+ scripts check it
+first), and looks each id up with ZREM under a line from before it was used."""
+
 
 def acl_setuser_line(user: str, password: str, namespace: str, targets: list[str], commands: tuple[str, ...]) -> str:
     keys = " ".join(f"~{key}" for key in [f"delay_broker:{{{namespace}}}:*", *targets])
@@ -179,12 +183,16 @@ def acl_targets() -> tuple[str, dict[str, ListTarget], list[str]]:
     return namespace, targets, [f"app:{namespace}:ready", f"app:{namespace}:q", f"app:{namespace}:q.msgs"]
 
 
-def test_store_and_promoter_work_under_a_least_privilege_acl_user(acl_redis):
+@pytest.mark.parametrize("line", ["documented", "without zremrangebyrank"])
+def test_store_and_promoter_work_under_a_least_privilege_acl_user(acl_redis, line):
     admin = acl_redis.client()
     namespace, targets, target_keys = acl_targets()
-    line = acl_setuser_line("delay_broker", "s3cret", namespace, target_keys, NEEDED)
-    print(f"\n{line}")
-    admin.execute_command(*line.split())
+    commands = NEEDED + FASTER_WITH if line == "documented" else NEEDED
+    setuser = acl_setuser_line("delay_broker", "s3cret", namespace, target_keys, commands)
+    print(f"\n{setuser}")
+    admin.execute_command(*setuser.split())
+    admin.acl_log_reset()
+    admin.config_resetstat()
     user = redis.Redis(port=acl_redis.port, username="delay_broker", password="s3cret")
     store = DelayStore(user, namespace=namespace, retry_backoff=(0.01, 0.01), max_attempts=5)
 
@@ -193,6 +201,9 @@ def test_store_and_promoter_work_under_a_least_privilege_acl_user(acl_redis):
     denied = admin.acl_log(count=1000)
     assert denied == [], f"refused under the documented ACL: {denied}"
     assert admin.lrange(targets["ready"].list_key, 0, -1), "the promoter delivered under the ACL user"
+    if int(admin.info("server")["redis_version"].split(".")[0]) >= 7:  # 6.2 scripts cannot check: ZREM there
+        by_rank = admin.info("commandstats").get("cmdstat_zremrangebyrank", {}).get("calls", 0)
+        assert (by_rank > 0) == (line == "documented"), f"ZREMRANGEBYRANK calls: {by_rank}"
     # The same through from_url (the CLI's way), with the credentials in the URL.
     url_store = DelayStore.from_url(f"redis://delay_broker:s3cret@127.0.0.1:{acl_redis.port}/0", namespace=namespace)
     assert url_store.stats().parked >= 0
