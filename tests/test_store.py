@@ -634,9 +634,9 @@ def test_lateness_counted_by_bucket_is_what_each_message_says(client, namespace,
 
 
 def test_promotion_takes_exactly_the_due_messages_and_spells_each_hash_field_as_parked(client, namespace):
-    """promote_list.lua takes the due messages and spells a 16-byte hash field back as its UUID text:
-    the ids it pushes are those parked, whatever their bytes (0x00, 0x7f, 0x80, 0xff at every position), and what
-    is not due stays parked."""
+    """promote_list.lua takes the due messages (removed by rank: the user here may) and spells a 16-byte hash
+    field back as its UUID text: the ids it pushes are those parked, whatever their bytes (0x00, 0x7f, 0x80, 0xff
+    at every position), and what is not due stays parked."""
     store = DelayStore(client, namespace=namespace)
     fields = [str(uuid.UUID(bytes=bytes([value]) * 16)) for value in (0x00, 0x01, 0x7F, 0x80, 0xFF)]
     fields += [str(uuid.UUID(bytes=bytes(range(16)))), str(uuid.UUID(bytes=bytes(range(255, 239, -1))))]
